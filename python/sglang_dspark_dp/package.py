@@ -1,0 +1,47 @@
+"""The one place that states which SGLang releases this plugin supports.
+
+Like OpenTelemetry's ``opentelemetry-instrumentation-*`` packages, the range
+lives here once; ``pyproject.toml``'s ``sglang`` extra mirrors it and a test
+keeps the two in step.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+#: Requirement string of the library this plugin patches.
+_instruments = ("sglang >= 0.5.16",)
+
+#: Lowest SGLang release that ships DSpark with a DP-attention draft path.
+MIN_SGLANG = (0, 5, 16)
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"0.5.16.post2"`` -> ``(0, 5, 16)``; non-numeric tails are dropped."""
+    parts: list[int] = []
+    for piece in text.split("."):
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) != len(piece):
+            break
+    return tuple(parts)
+
+
+def installed_sglang_version() -> str | None:
+    """The installed SGLang distribution's version, or None if absent."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_supported(version: str) -> bool:
+    return parse_version(version) >= MIN_SGLANG
