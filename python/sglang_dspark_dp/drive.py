@@ -16,6 +16,7 @@ the benchmarks, so all of them exercise the same installed code.
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 from types import SimpleNamespace
 from typing import Any
@@ -124,7 +125,8 @@ class RecordingDraftRunner:
         self.names = names
         self.attn_backend = SimpleNamespace(needs_cpu_seq_lens=True)
         self.kv_index_translator = _NoOpTranslator()
-        self.seen: list[Seen] = []
+        self.seen: collections.deque[Seen] = collections.deque(maxlen=64)
+        self.forwards = 0
 
     def forward(self, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
         admitted, error = None, None
@@ -135,6 +137,7 @@ class RecordingDraftRunner:
                 )
             except Exception as exc:
                 error = exc
+        self.forwards += 1
         self.seen.append(
             Seen(forward_batch, admitted, error, snapshot(forward_batch, self.names))
         )
@@ -205,7 +208,6 @@ class DraftDriver:
         """Run this rank's draft forward of one decode step: the busy path if
         ``bs > 0``, else the idle path. Returns what the runner saw (None: the
         stock idle path sent nothing). The stock exception propagates."""
-        before = len(self.runner.seen)
         seq_lens = torch.full((bs,), 16, dtype=torch.int64, device=self.device)
         batch = make_schedule_batch(
             self.api,
@@ -213,6 +215,11 @@ class DraftDriver:
             global_num_tokens=global_num_tokens,
             can_run_dp_cuda_graph=can_run_dp_cuda_graph,
         )
+        return self.step_batch(bs, batch)
+
+    def step_batch(self, bs: int, batch: Any) -> Seen | None:
+        """:meth:`step` with the target's ``ScheduleBatch`` given."""
+        before = self.runner.forwards
         if bs == 0:
             self.proposer.run_idle_participation(batch)
         else:
@@ -238,4 +245,4 @@ class DraftDriver:
                 device=self.device,
                 embed_module=self.embed,
             )
-        return self.runner.seen[-1] if len(self.runner.seen) > before else None
+        return self.runner.seen[-1] if self.runner.forwards > before else None
