@@ -1,0 +1,289 @@
+"""Regression suite: DSpark's draft batch under DP attention and EP.
+
+Runs against the installed SGLang: a real ``DraftBlockProposer`` builds the
+draft ``ForwardBatch`` (busy ranks through ``_run_forward``, idle ranks
+through ``run_idle_participation``), a recording draft runner hands it to a
+real ``DecodeCudaGraphRunner.can_run_graph``, the topology of each DP rank is
+set with ``get_parallel().override(...)``, and the plugin is loaded with
+``sglang.srt.plugins.load_plugins()``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_dspark_dp.drive import DraftDriver, capture_sizes, graph_runner, padded_bs
+from sglang_dspark_dp.srt.runtime_context import parallel_override
+from sglang_dspark_dp.srt.speculative import dspark_worker
+
+GAMMA = 4
+MAX_BS = 128
+CAPTURE = capture_sizes(MAX_BS)
+SIZES = [*CAPTURE, MAX_BS + 1]
+DP_SIZES = (2, 4, 8)
+EP = {"ep_off": 1, "ep_on": None}  # None: EP = DP size (--ep N)
+
+# How each release's stock builder behaves, as the probe must find it. A
+# release whose behaviour changes fails here instead of being silently
+# re-classified.
+KNOWN = {
+    "0.5.16": {"dp": True, "local": True},
+    "0.5.17": {"dp": False, "local": True},
+    "0.5.23": {"dp": False, "local": False},
+}
+
+
+def make_drivers(api, plugin, *, dp: int, ep: int):
+    names = plugin.probe.names
+    graph = graph_runner(api, dp_size=dp, width=GAMMA, capture_bs=CAPTURE)
+    drivers = []
+    for rank in range(dp):
+        with parallel_override(api.get_parallel, dp_size=dp, dp_rank=rank, ep_size=ep):
+            drivers.append(
+                DraftDriver(
+                    api, gamma=GAMMA, dp_moe_sync=True, graph=graph, names=names
+                )
+            )
+    return drivers
+
+
+def step_all(api, drivers, counts, *, ep: int):
+    """One decode step on every DP rank; returns what each runner saw and
+    whether SGLang wants the non-padded device count under that topology."""
+    seen, wants_device_count = [], []
+    dp = len(drivers)
+    for rank, driver in enumerate(drivers):
+        with parallel_override(api.get_parallel, dp_size=dp, dp_rank=rank, ep_size=ep):
+            wants_device_count.append(bool(api.enable_num_token_non_padded()))
+            seen.append(driver.step(counts[rank], list(counts)))
+    return seen, wants_device_count
+
+
+def stock_scaled(api, plugin, driver, counts):
+    """The scaled counts as SGLang's own stock fill computes them."""
+    fb = dspark_worker.make_draft_forward_batch(
+        api,
+        bs=1,
+        width=GAMMA,
+        spec_info=driver.proposer._draft_block_spec_info,
+        device="cpu",
+    )
+    batch = dspark_worker.make_schedule_batch(
+        api,
+        seq_lens=torch.full((1,), 8, dtype=torch.int64),
+        global_num_tokens=list(counts),
+    )
+    fill = getattr(api.proposer_cls, dspark_worker.FILL)
+    fill = getattr(fill, "__wrapped__", fill)
+    fill(driver.proposer, fb, batch)
+    return (
+        list(fb.global_num_tokens_cpu),
+        list(fb.global_num_tokens_for_logprob_cpu),
+        fb.global_num_tokens_gpu.tolist(),
+    )
+
+
+def counts_for(size: int, dp: int, pattern: str) -> list[int]:
+    """Per-rank request counts whose maximum is ``size``: ``mixed`` leaves
+    every odd rank idle, ``busy`` keeps every rank busy."""
+    out = [size]
+    for r in range(1, dp):
+        if pattern == "mixed" and r % 2:
+            out.append(0)
+        else:
+            out.append(max(1, size // (r + 1)))
+    return out
+
+
+def check_step(api, plugin, drivers, counts, *, ep: int, graph_ok: bool = True):
+    seen, wants = step_all(api, drivers, counts, ep=ep)
+    dp = len(drivers)
+    width = drivers[0].width
+    assert width == GAMMA
+    assert all(s is not None for s in seen), "every DP rank must run a draft forward"
+    decisions = [s.admitted for s in seen]
+    assert len(set(decisions)) == 1, f"ranks disagree on admission: {decisions}"
+    expect_admit = graph_ok and max(counts) <= MAX_BS
+    assert decisions[0] is expect_admit, (counts, decisions)
+    buckets = [padded_bs(CAPTURE, max(s.fields["unscaled"])) for s in seen]
+    assert len(set(buckets)) == 1, f"ranks pad to different graphs: {buckets}"
+    if max(counts) in CAPTURE:
+        assert buckets[0] == max(counts)
+
+    with parallel_override(api.get_parallel, dp_size=dp, dp_rank=0, ep_size=ep):
+        scaled_cpu, scaled_lp_cpu, scaled_gpu = stock_scaled(
+            api, plugin, drivers[0], counts
+        )
+    total = 0
+    for rank, (s, want_device) in enumerate(zip(seen, wants, strict=False)):
+        f = s.fields
+        where = f"rank {rank} of dp {dp}, counts {counts}"
+        assert f["unscaled"] == counts, where
+        assert f["scaled_cpu"] == scaled_cpu == [c * width for c in counts], where
+        assert f["scaled_logprob_cpu"] == scaled_lp_cpu, where
+        assert f["scaled_gpu"][2] == scaled_gpu, where
+        tokens = counts[rank] * width
+        assert f["non_padded_cpu"] == tokens, where
+        if want_device:
+            dtype, device, value = f["non_padded"]
+            assert dtype == torch.int32, where
+            assert device == torch.device(drivers[rank].runner.device), where
+            assert value == tokens, where
+        total += f["non_padded_cpu"]
+    assert total == sum(counts) * width
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("ep_name", list(EP))
+@pytest.mark.parametrize("dp", DP_SIZES)
+def test_dp_lockstep_every_capture_size(api, plugin, dp, ep_name, size):
+    ep = EP[ep_name] or dp
+    drivers = make_drivers(api, plugin, dp=dp, ep=ep)
+    for pattern in ("mixed", "busy"):
+        check_step(api, plugin, drivers, counts_for(size, dp, pattern), ep=ep)
+
+
+@pytest.mark.parametrize("dp", DP_SIZES)
+def test_all_idle_and_single_busy_steps(api, plugin, dp):
+    ep = dp
+    drivers = make_drivers(api, plugin, dp=dp, ep=ep)
+    check_step(api, plugin, drivers, [0] * dp, ep=ep)
+    for busy in range(dp):
+        counts = [0] * dp
+        counts[busy] = 3
+        check_step(api, plugin, drivers, counts, ep=ep)
+    # The same proposers again: persistent buffers must not leak old values.
+    check_step(api, plugin, drivers, [MAX_BS] + [1] * (dp - 1), ep=ep)
+    check_step(api, plugin, drivers, [0] * dp, ep=ep)
+
+
+def test_dp_graph_vetoed_by_scheduler_is_eager_everywhere(api, plugin):
+    dp = 4
+    drivers = make_drivers(api, plugin, dp=dp, ep=dp)
+    seen = []
+    for rank, driver in enumerate(drivers):
+        with parallel_override(api.get_parallel, dp_size=dp, dp_rank=rank, ep_size=dp):
+            seen.append(driver.step([2, 0, 1, 2][rank], [2, 0, 1, 2], False))
+    assert [s.admitted for s in seen] == [False] * dp
+
+
+@pytest.mark.parametrize("attn_tp", (2, 4))
+def test_attention_tp_without_dp_attention_with_ep(api, plugin, attn_tp):
+    """``--tp N --ep N`` without DP attention: the proposer skips the DP
+    fill, yet the EP MoE still needs the non-padded counts."""
+    graph = graph_runner(api, dp_size=1, width=GAMMA, capture_bs=CAPTURE)
+    names = plugin.probe.names
+    for bs in (1, 7, MAX_BS, MAX_BS + 1):
+        for rank in range(attn_tp):
+            topo = dict(
+                dp_size=1, attn_tp_size=attn_tp, attn_tp_rank=rank, ep_size=attn_tp
+            )
+            with parallel_override(api.get_parallel, **topo):
+                driver = DraftDriver(
+                    api, gamma=GAMMA, dp_moe_sync=False, graph=graph, names=names
+                )
+                seen = driver.step(bs, None)
+            f = seen.fields
+            assert seen.admitted is (bs <= MAX_BS)
+            assert f["non_padded_cpu"] == bs * GAMMA
+            dtype, device, value = f["non_padded"]
+            assert (dtype, device, value) == (
+                torch.int32,
+                torch.device("cpu"),
+                bs * GAMMA,
+            )
+            assert f["unscaled"] is None  # no DP metadata without DP attention
+
+
+def test_probe_matches_known_release_behaviour(plugin, sglang_version):
+    known = KNOWN.get(sglang_version)
+    if known is None:
+        pytest.skip(f"no recorded behaviour for sglang {sglang_version}")
+    assert bool(plugin.probe.missing_dp) is known["dp"]
+    assert bool(plugin.probe.missing_local) is known["local"]
+    assert dspark_worker.is_instrumented() is (known["dp"] or known["local"])
+
+
+def test_stock_crash_reproduces_where_expected(api, plugin, stock, sglang_version):
+    """On 0.5.16 stock SGLang must still crash in ``can_run_graph``: if it
+    ever stops, this test says so."""
+    known = KNOWN.get(sglang_version)
+    if known is None:
+        pytest.skip(f"no recorded behaviour for sglang {sglang_version}")
+    with stock():
+        assert not dspark_worker.is_instrumented()
+        for path_bs in (3, 0):  # busy path, then idle path
+            drivers = make_drivers(api, plugin, dp=2, ep=2)
+            rank = 0 if path_bs else 1
+            counts = [3, 0]
+            with parallel_override(
+                api.get_parallel, dp_size=2, dp_rank=rank, ep_size=2
+            ):
+                if known["dp"]:
+                    with pytest.raises(
+                        TypeError, match="'NoneType' object is not iterable"
+                    ):
+                        drivers[rank].step(path_bs, counts)
+                else:
+                    seen = drivers[rank].step(path_bs, counts)
+                    assert seen.admitted is True
+
+
+def test_stock_attention_tp_leaves_non_padded_unset_where_expected(
+    api, plugin, stock, sglang_version
+):
+    known = KNOWN.get(sglang_version)
+    if known is None:
+        pytest.skip(f"no recorded behaviour for sglang {sglang_version}")
+    graph = graph_runner(api, dp_size=1, width=GAMMA, capture_bs=CAPTURE)
+    with stock():
+        with parallel_override(api.get_parallel, dp_size=1, attn_tp_size=2, ep_size=2):
+            driver = DraftDriver(
+                api,
+                gamma=GAMMA,
+                dp_moe_sync=False,
+                graph=graph,
+                names=plugin.probe.names,
+            )
+            seen = driver.step(5, None)
+    if known["local"]:
+        assert seen.fields["non_padded"] is None
+    else:
+        assert seen.fields["non_padded"][2] == 5 * GAMMA
+
+
+@pytest.mark.parametrize("path", ["dp", "local"])
+def test_untouched_paths_are_identical_with_and_without_plugin(
+    api, plugin, stock, path
+):
+    """Where the probe finds nothing missing, the plugin changes nothing."""
+    groups = plugin.plan.dp_groups if path == "dp" else plugin.plan.local_groups
+    if groups:
+        pytest.skip(f"this SGLang needs the {path} path repaired")
+    names = plugin.probe.names
+
+    def run():
+        out = []
+        if path == "dp":
+            drivers = make_drivers(api, plugin, dp=4, ep=4)
+            for counts in ([3, 0, 1, 128], [0, 0, 0, 0], [129, 2, 0, 5]):
+                seen, _ = step_all(api, drivers, counts, ep=4)
+                out.append([(s.admitted, s.fields) for s in seen])
+        else:
+            graph = graph_runner(api, dp_size=1, width=GAMMA, capture_bs=CAPTURE)
+            with parallel_override(
+                api.get_parallel, dp_size=1, attn_tp_size=2, ep_size=2
+            ):
+                driver = DraftDriver(
+                    api, gamma=GAMMA, dp_moe_sync=False, graph=graph, names=names
+                )
+                for bs in (1, 9, 129):
+                    s = driver.step(bs, None)
+                    out.append((s.admitted, s.fields))
+        return out
+
+    with_plugin = run()
+    with stock():
+        without = run()
+    assert with_plugin == without

@@ -1,0 +1,172 @@
+"""How the plugin loads, declines and unloads, each in a fresh interpreter
+where the load order matters (the way ``sglang serve`` starts)."""
+
+from __future__ import annotations
+
+import textwrap
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import tomllib
+from srt_helpers import run_python
+
+from sglang_dspark_dp.package import _instruments
+from sglang_dspark_dp.srt.speculative import dspark_worker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LOAD = textwrap.dedent(
+    """
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang_dspark_dp.srt.speculative import dspark_worker as w
+    load_plugins()
+    print("RESULT", w.is_instrumented(), w.TARGET in HookRegistry._patched,
+          w.state().reason)
+    """
+)
+
+
+def plugin_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "sglang-dspark-dp:" in line]
+
+
+def result(stdout: str) -> list[str]:
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, stdout
+    return lines[-1].split()[1:]
+
+
+def test_load_plugins_logs_exactly_one_line(plugin):
+    proc = run_python(LOAD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = plugin_lines(proc.stderr)
+    assert len(lines) == 1, lines
+    instrumented, patched, *_ = result(proc.stdout)
+    assert instrumented == patched == str(plugin.plan.patches)
+    word = "repairing" if plugin.plan.patches else "not needed"
+    assert word in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("whitelist", "loaded"), [("dspark_dp", True), ("some_other_plugin", False)]
+)
+def test_sglang_plugins_whitelist(plugin, whitelist, loaded):
+    proc = run_python(LOAD, env={"SGLANG_PLUGINS": whitelist})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    instrumented, patched, *_ = result(proc.stdout)
+    expect = loaded and plugin.plan.patches
+    assert instrumented == patched == str(expect)
+    assert len(plugin_lines(proc.stderr)) == (1 if loaded else 0)
+
+
+def test_sglang_without_dspark_gets_one_line_and_starts():
+    # An SGLang build without the DSpark draft module: make its import fail.
+    code = (
+        "import sys\n"
+        "sys.modules['sglang.srt.speculative.dspark_components.dspark_draft'] = None\n"
+        + LOAD
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = plugin_lines(proc.stderr)
+    assert len(lines) == 1 and "not applied" in lines[0], lines
+    assert "no DSpark draft module" in lines[0]
+    assert result(proc.stdout)[:2] == ["False", "False"]
+
+
+@pytest.mark.parametrize(
+    ("mutation", "reason"),
+    [
+        ("del P._fill_dp_moe_sync_metadata", "renamed target"),
+        (
+            "P._fill_dp_moe_sync_metadata = lambda self, fb: None",
+            "unexpected signature",
+        ),
+    ],
+)
+def test_changed_target_gets_one_line_and_starts(mutation, reason):
+    code = (
+        "from sglang.srt.speculative.dspark_components.dspark_draft import "
+        "DraftBlockProposer as P\n" + mutation + "\n" + LOAD
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = plugin_lines(proc.stderr)
+    assert len(lines) == 1 and "not applied" in lines[0] and reason in lines[0], lines
+    assert result(proc.stdout)[:2] == ["False", "False"]
+
+
+def test_no_plugin_api_gets_one_line():
+    code = "import sys\nsys.modules['sglang.srt.plugins.hook_registry'] = None\n" + (
+        "from sglang_dspark_dp.plugin import register\nregister()\nprint('RESULT ok')\n"
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = plugin_lines(proc.stderr)
+    assert len(lines) == 1 and "no plugin API" in lines[0], lines
+
+
+def test_instrument_uninstrument_symmetric_and_idempotent(api, plugin):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    if not plugin.plan.patches:
+        pytest.skip("nothing to patch on this SGLang")
+    stock = plugin.original
+    name = dspark_worker.FILL
+    assert api.proposer_cls.__dict__[name] is not stock
+    first = dspark_worker.instrument()  # already instrumented: a no-op
+    assert first is plugin.plan
+    assert len(HookRegistry._hooks[dspark_worker.TARGET]) == 1
+    dspark_worker.uninstrument()
+    dspark_worker.uninstrument()  # twice is fine
+    assert api.proposer_cls.__dict__[name] is stock
+    assert dspark_worker.TARGET not in HookRegistry._patched
+    assert dspark_worker.TARGET not in HookRegistry._hooks
+    dspark_worker.instrument()
+    assert api.proposer_cls.__dict__[name] is not stock
+    assert len(HookRegistry._hooks[dspark_worker.TARGET]) == 1
+
+
+def test_uninstrument_keeps_other_plugins_hooks(api, plugin):
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if not plugin.plan.patches:
+        pytest.skip("nothing to patch on this SGLang")
+    stock = plugin.original
+
+    def other(result, *args, **kwargs):
+        return None
+
+    HookRegistry.register(dspark_worker.TARGET, other, HookType.AFTER)
+    try:
+        dspark_worker.uninstrument()
+        HookRegistry.apply_hooks()
+        current = api.proposer_cls.__dict__[dspark_worker.FILL]
+        assert current is not stock  # the other hook still wraps it
+        assert current.__wrapped__ is stock
+    finally:
+        HookRegistry._hooks[dspark_worker.TARGET] = [
+            h for h in HookRegistry._hooks[dspark_worker.TARGET] if h[1] is not other
+        ]
+        setattr(api.proposer_cls, dspark_worker.FILL, stock)
+        HookRegistry._patched.discard(dspark_worker.TARGET)
+        HookRegistry._hooks.pop(dspark_worker.TARGET, None)
+        dspark_worker.instrument()
+
+
+def test_supported_range_declared_once_and_optional():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["dependencies"] == []
+    extra = pyproject["project"]["optional-dependencies"]["sglang"]
+    assert [e.replace(" ", "") for e in extra] == [
+        i.replace(" ", "") for i in _instruments
+    ]
+    requires = metadata.requires("sglang-dspark-dp") or []
+    assert all("extra ==" in r for r in requires), requires
+    eps = metadata.entry_points(group="sglang.srt.plugins")
+    assert any(
+        ep.name == "dspark_dp" and ep.value == "sglang_dspark_dp.plugin:register"
+        for ep in eps
+    )
