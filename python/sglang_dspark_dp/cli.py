@@ -1,0 +1,444 @@
+"""``sglang-dspark-dp``: verify, doctor, repro.
+
+* ``verify``  the main job: simulated DP ranks (one process each, gloo over
+  loopback) drive the real DSpark draft builder under request churn and check
+  that they stay in lockstep. Exit 0 healthy, 1 disagreement or crash, 2
+  cannot run.
+* ``doctor``  is the installed SGLang healthy, and what did the plugin do?
+* ``repro``   one DP step on stock SGLang and with the repair, side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+EXIT_OK, EXIT_FAIL, EXIT_CANNOT = 0, 1, 2
+
+
+def _err(msg: str) -> None:
+    print(f"sglang-dspark-dp: {msg}", file=sys.stderr)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # exit 2 with one clear line
+        self.print_usage(sys.stderr)
+        _err(message)
+        raise SystemExit(EXIT_CANNOT)
+
+
+def _int_arg(name: str, lo: int | None = None, hi: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be an integer, got {text!r}"
+            ) from None
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            span = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+            raise argparse.ArgumentTypeError(f"{name} must be {span}, got {value}")
+        return value
+
+    return parse
+
+
+def _quiet_sglang() -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
+# --------------------------------------------------------------------------
+# verify
+# --------------------------------------------------------------------------
+
+
+class _Bar:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._last = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total <= 0:
+            return
+        pct = int(100 * done / total)
+        if pct == self._last:
+            return
+        self._last = pct
+        filled = pct * 30 // 100
+        sys.stderr.write(
+            f"\r  [{'#' * filled}{'.' * (30 - filled)}] {pct:3d}%  {done}/{total} steps"
+        )
+        sys.stderr.flush()
+        if done >= total:
+            sys.stderr.write("\n")
+
+    def close(self) -> None:
+        if self.enabled and self._last >= 0 and self._last < 100:
+            sys.stderr.write("\n")
+
+
+def _tier_rank(tier: str) -> tuple[int, str]:
+    head = tier.split()[0].lstrip(">").split("-")[0]
+    return (int(head) if head.isdigit() else 10**6, tier)
+
+
+def render_tiers(result) -> str:
+    lines = []
+    dp = result.config.dp
+    for ep, counter in result.tiers.items():
+        lines.append(f"EP {ep} ({'on' if ep > 1 else 'off'}), {dp} DP ranks:")
+        header = (
+            "graph-size tier",
+            "ranks idle/busy",
+            "admitted/eager",
+            "ranks agree",
+            "steps",
+        )
+        rows = []
+        for (tier, idle, mode, agree), n in sorted(
+            counter.items(), key=lambda kv: (_tier_rank(kv[0][0]), kv[0][1], kv[0][2])
+        ):
+            rows.append((tier, f"{idle}/{dp - idle}", mode, agree, str(n)))
+        widths = [
+            max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+            for i, h in enumerate(header)
+        ]
+        fmt = "  " + "  ".join(f"{{:<{w}}}" for w in widths)
+        lines.append(fmt.format(*header))
+        lines.append("  " + "  ".join("-" * w for w in widths))
+        lines.extend(fmt.format(*r) for r in rows)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    _quiet_sglang()
+    from sglang_dspark_dp.harness import lockstep
+
+    ep_sizes = (args.dp,) if args.ep else (1, args.dp)
+    cfg = lockstep.RunConfig(
+        dp=args.dp,
+        ep_sizes=ep_sizes,
+        steps=args.steps,
+        seed=args.seed,
+        fix=not args.no_fix,
+        port=args.port,
+        timeout_s=args.timeout,
+    )
+    bar = _Bar(enabled=not args.no_progress)
+    print(
+        f"verify: {cfg.dp} simulated DP ranks (gloo, CPU), {cfg.steps} decode steps "
+        f"per EP tier, EP {' and '.join(map(str, ep_sizes))}, seed {cfg.seed}, "
+        f"{'stock SGLang (--no-fix)' if args.no_fix else 'plugin on'}",
+        flush=True,
+    )
+    try:
+        result = lockstep.run(cfg, on_progress=bar)
+    except lockstep.CannotRun as exc:
+        bar.close()
+        _err(f"cannot run: {exc}")
+        return EXIT_CANNOT
+    except KeyboardInterrupt:
+        bar.close()
+        _err("interrupted")
+        return EXIT_CANNOT
+    bar.close()
+    print()
+    print(render_tiers(result))
+    done = sum(result.steps_done.values())
+    head = f"sglang {result.sglang_version}, plugin {result.plugin}"
+    if result.failure is None:
+        print(
+            f"verify: OK: {cfg.dp} DP ranks agreed on admission, graph size, padded "
+            f"tokens and EP accounting at all {done} steps ({head}, "
+            f"{result.seconds:.0f} s)"
+        )
+        return EXIT_OK
+    f = result.failure
+    if f.kind == "crash" and "not iterable" in f.detail:
+        print(
+            "verify: FAILED: stock DSpark crashes under DP attention: its hand-built "
+            "draft batch has no original_global_num_tokens_cpu, so "
+            "DecodeCudaGraphRunner.can_run_graph fails with "
+            "\"TypeError: 'NoneType' object is not iterable\" "
+            f"(step {f.step}, EP {f.ep}, DP rank {f.rank}; {head}). "
+            "Install or enable the plugin to repair it."
+        )
+    else:
+        print(f"verify: FAILED: {f.render()} ({head}; {done} steps passed before it)")
+    return EXIT_FAIL
+
+
+# --------------------------------------------------------------------------
+# doctor
+# --------------------------------------------------------------------------
+
+
+def doctor_report() -> dict[str, Any]:
+    from importlib import metadata
+
+    from sglang_dspark_dp.package import (
+        _instruments,
+        installed_sglang_version,
+        version_supported,
+    )
+    from sglang_dspark_dp.srt.speculative import dspark_worker
+
+    version = installed_sglang_version()
+    report: dict[str, Any] = {
+        "sglang_version": version,
+        "supported_range": list(_instruments),
+        "in_supported_range": bool(version and version_supported(version)),
+        "dspark_present": False,
+        "entry_point_registered": False,
+        "plugin_loaded": False,
+        "bug_detected": None,
+        "missing_fields": {},
+        "repair_applied": False,
+        "repair": None,
+        "reason": None,
+        "guard": dspark_worker.guard_enabled(),
+    }
+    eps = metadata.entry_points(group="sglang.srt.plugins")
+    report["entry_point_registered"] = any(
+        ep.value == "sglang_dspark_dp.plugin:register" for ep in eps
+    )
+    if version is None:
+        report["reason"] = "sglang is not installed"
+        return report
+    try:
+        api = dspark_worker.load_sglang_api()
+        report["dspark_present"] = True
+    except dspark_worker.DidNotEnable as exc:
+        report["reason"] = str(exc)
+        return report
+    try:
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
+    except Exception as exc:  # report, never crash
+        report["reason"] = f"load_plugins() failed: {exc}"
+    state = dspark_worker.state()
+    report["plugin_loaded"] = state.plan is not None
+    try:
+        probe = state.probe or dspark_worker.probe(api)
+    except dspark_worker.DidNotEnable as exc:
+        report["reason"] = str(exc)
+        return report
+    report["bug_detected"] = probe.affected
+    report["missing_fields"] = {
+        "dp_attention_path": list(probe.missing_dp),
+        "attention_tp_path": list(probe.missing_local),
+    }
+    report["repair_applied"] = dspark_worker.is_instrumented()
+    if state.plan is not None:
+        report["repair"] = state.plan.describe()
+        report["guard"] = state.plan.guard
+    if report["reason"] is None:
+        if report["repair_applied"]:
+            report["reason"] = "applied"
+        elif not probe.affected:
+            report["reason"] = "not needed: the stock draft batch is complete"
+        elif (
+            os.environ.get("SGLANG_PLUGINS")
+            and "dspark_dp" not in os.environ["SGLANG_PLUGINS"]
+        ):
+            report["reason"] = "not loaded: SGLANG_PLUGINS does not list dspark_dp"
+        elif not report["entry_point_registered"]:
+            report["reason"] = (
+                "not loaded: the entry point is not registered (reinstall the package)"
+            )
+        else:
+            report["reason"] = state.reason
+    return report
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    _quiet_sglang()
+    report = doctor_report()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+
+        def yn(v):
+            return "yes" if v else ("unknown" if v is None else "no")
+
+        missing = report["missing_fields"] or {}
+        rows = [
+            (
+                "SGLang",
+                f"{report['sglang_version'] or 'not installed'}"
+                f" (supported: {', '.join(report['supported_range'])})",
+            ),
+            ("DSpark present", yn(report["dspark_present"])),
+            ("entry point registered", yn(report["entry_point_registered"])),
+            ("plugin loaded", yn(report["plugin_loaded"])),
+            ("bug detected (probe)", yn(report["bug_detected"])),
+            (
+                "  DP-attention path missing",
+                ", ".join(missing.get("dp_attention_path", [])) or "-",
+            ),
+            (
+                "  attention-TP path missing",
+                ", ".join(missing.get("attention_tp_path", [])) or "-",
+            ),
+            ("repair applied", f"{yn(report['repair_applied'])} ({report['reason']})"),
+            ("repair", report["repair"] or "-"),
+            ("guard (SGLANG_DSPARK_DP_CHECK)", "on" if report["guard"] else "off"),
+        ]
+        w = max(len(k) for k, _ in rows)
+        for k, v in rows:
+            print(f"{k:<{w}}  {v}")
+    healthy = report["dspark_present"] and (
+        report["repair_applied"] or report["bug_detected"] is False
+    )
+    return (
+        EXIT_OK
+        if healthy
+        else (EXIT_CANNOT if not report["dspark_present"] else EXIT_FAIL)
+    )
+
+
+# --------------------------------------------------------------------------
+# repro
+# --------------------------------------------------------------------------
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    _quiet_sglang()
+    from sglang_dspark_dp.drive import DraftDriver, capture_sizes, graph_runner
+    from sglang_dspark_dp.package import installed_sglang_version
+    from sglang_dspark_dp.srt.runtime_context import parallel_override
+    from sglang_dspark_dp.srt.speculative import dspark_worker
+
+    try:
+        api = dspark_worker.load_sglang_api()
+    except dspark_worker.DidNotEnable as exc:
+        _err(f"cannot run: {exc}")
+        return EXIT_CANNOT
+    dp, gamma = args.dp, 4
+    counts = [3 if r % 2 == 0 else 0 for r in range(dp)]
+    capture = capture_sizes(128)
+    print(
+        f"sglang {installed_sglang_version()}: one decode step, {dp} DP ranks, EP {dp}, "
+        f"per-rank requests {counts}, draft block width {gamma}\n"
+    )
+
+    def step(label: str) -> bool:
+        names = dspark_worker.DraftDPFieldNames.for_forward_batch(api.forward_batch_cls)
+        graph = graph_runner(api, dp_size=dp, width=gamma, capture_bs=capture)
+        print(f"--- {label}")
+        ok = True
+        for rank in range(dp):
+            with parallel_override(
+                api.get_parallel, dp_size=dp, dp_rank=rank, ep_size=dp
+            ):
+                driver = DraftDriver(
+                    api, gamma=gamma, dp_moe_sync=True, graph=graph, names=names
+                )
+                path = "busy" if counts[rank] else "idle"
+                try:
+                    seen = driver.step(counts[rank], counts)
+                except Exception as exc:
+                    print(
+                        f"  rank {rank} ({path}): CRASH in can_run_graph: {type(exc).__name__}: {exc}"
+                    )
+                    ok = False
+                    continue
+                f = seen.fields
+                dev = f.get("non_padded")
+                dev_s = (
+                    "None"
+                    if dev is None
+                    else f"{dev[2]} ({str(dev[0]).replace('torch.', '')}, {dev[1]})"
+                )
+                print(
+                    f"  rank {rank} ({path}): graph={'yes' if seen.admitted else 'no'}  "
+                    f"original_global_num_tokens_cpu={f.get('unscaled')}  "
+                    f"global_num_tokens_cpu={f.get('scaled_cpu')}  "
+                    f"num_token_non_padded={dev_s}  num_token_non_padded_cpu={f.get('non_padded_cpu')}"
+                )
+        print()
+        return ok
+
+    dspark_worker.uninstrument()
+    stock_ok = step("stock SGLang (no plugin)")
+    try:
+        plan = dspark_worker.instrument(apply=True)
+    except dspark_worker.DidNotEnable as exc:
+        _err(f"the repair cannot apply: {exc}")
+        return EXIT_CANNOT
+    fixed_ok = step(f"with sglang-dspark-dp ({plan.describe()})")
+    print(
+        f"stock: {'ok' if stock_ok else 'crashes'}; with the plugin: {'ok' if fixed_ok else 'crashes'}"
+    )
+    return EXIT_OK if fixed_ok else EXIT_FAIL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="sglang-dspark-dp", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
+    v = sub.add_parser("verify", help="simulate DP ranks and check lockstep (main job)")
+    v.add_argument(
+        "--dp",
+        type=_int_arg("--dp", 2, 16),
+        default=4,
+        help="simulated DP ranks, 2-16 (default 4)",
+    )
+    v.add_argument(
+        "--ep",
+        action="store_true",
+        help="EP on only (EP size = --dp); default: EP off, then on",
+    )
+    v.add_argument(
+        "--steps",
+        type=_int_arg("--steps", 1),
+        default=2000,
+        help="decode steps per EP tier (default 2000)",
+    )
+    v.add_argument("--seed", type=_int_arg("--seed"), default=0)
+    v.add_argument(
+        "--no-fix",
+        action="store_true",
+        help="run stock SGLang (shows the upstream crash on affected releases)",
+    )
+    v.add_argument(
+        "--port",
+        type=_int_arg("--port", 0, 65535),
+        default=0,
+        help="loopback port for the gloo group (default: a free one)",
+    )
+    v.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds any collective may wait (default 60)",
+    )
+    v.add_argument("--no-progress", action="store_true")
+    v.set_defaults(func=cmd_verify)
+    d = sub.add_parser("doctor", help="report on the installed SGLang and the plugin")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_doctor)
+    r = sub.add_parser("repro", help="one DP step: stock vs repaired")
+    r.add_argument("--dp", type=_int_arg("--dp", 2, 16), default=2)
+    r.set_defaults(func=cmd_repro)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd is None:
+        parser.print_help()
+        return EXIT_CANNOT
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,505 @@
+"""DP lockstep harness: one process per DP rank, real SGLang code, CPU only.
+
+The ranks join a ``torch.distributed`` gloo group over loopback. At every
+decode step each rank:
+
+1. takes its running-request count from its own :class:`RankChurn`;
+2. all-gathers ``[num_tokens, num_tokens_for_logprob, can_cuda_graph]`` as
+   SGLang's scheduler does for DP attention, and writes the result into its
+   ``ScheduleBatch`` with SGLang's own ``_update_gather_batch`` where the
+   installed release has it;
+3. builds its DSpark draft batch with the real ``DraftBlockProposer``
+   (busy path or idle path) and runs the real ``can_run_graph``;
+4. all-gathers its decisions (admission, the capture size it pads to, the
+   padded token count, its non-padded counts) and compares them.
+
+A disagreement or a crash stops every rank at the same step (they all see the
+same gathered decisions) with a report naming the step, the rank and the
+values. Every collective has a timeout; the parent kills what is left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from collections import Counter
+from typing import Any
+
+GAMMA = 4
+MAX_BS = 128
+MAX_DP = 16
+#: Fields of a rank's decision vector.
+DECISION = (
+    "ok",
+    "admitted",
+    "bucket",
+    "padded_tokens",
+    "non_padded_cpu",
+    "non_padded_device",
+    "max_unscaled",
+    "count",
+)
+
+
+class CannotRun(Exception):
+    """The harness cannot run (bad input, no DSpark, port in use...)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    dp: int = 4
+    ep_sizes: tuple[int, ...] = (1, 4)
+    steps: int = 2000
+    seed: int = 0
+    fix: bool = True
+    port: int = 0
+    timeout_s: float = 60.0
+
+    def validate(self) -> None:
+        if isinstance(self.dp, bool) or not isinstance(self.dp, int):
+            raise CannotRun(f"--dp must be an integer, got {self.dp!r}")
+        if not 2 <= self.dp <= MAX_DP:
+            raise CannotRun(
+                f"--dp must be between 2 and {MAX_DP} (DP attention needs at least "
+                f"2 ranks), got {self.dp}"
+            )
+        if self.steps < 1:
+            raise CannotRun(f"--steps must be at least 1, got {self.steps!r}")
+        for ep in self.ep_sizes:
+            if ep < 1 or ep > self.dp:
+                raise CannotRun(f"EP size must be between 1 and --dp, got {ep!r}")
+
+
+@dataclasses.dataclass
+class Failure:
+    step: int
+    ep: int
+    kind: str  # "disagreement" | "crash" | "wrong value"
+    rank: int | None
+    detail: str
+    values: dict[str, Any]
+
+    def render(self) -> str:
+        where = "" if self.rank is None else f", rank {self.rank}"
+        vals = "; ".join(f"{k}={v}" for k, v in self.values.items())
+        return (
+            f"{self.kind} at step {self.step} (EP {self.ep}{where}): {self.detail}"
+            + (f" [{vals}]" if vals else "")
+        )
+
+
+@dataclasses.dataclass
+class RunResult:
+    config: RunConfig
+    sglang_version: str
+    plugin: str
+    steps_done: dict[int, int]
+    tiers: dict[int, Counter]
+    failure: Failure | None
+    seconds: float
+
+    @property
+    def healthy(self) -> bool:
+        return self.failure is None
+
+
+def tier_of(max_count: int, capture: list[int]) -> str:
+    if max_count == 0:
+        return "0 (all idle)"
+    if max_count > capture[-1]:
+        return f">{capture[-1]} (eager)"
+    for lo, hi in ((1, 8), (9, 32), (33, 64), (65, capture[-1])):
+        if lo <= max_count <= hi:
+            return f"{lo}-{hi}"
+    return str(max_count)
+
+
+# --------------------------------------------------------------------------
+# Rank process.
+# --------------------------------------------------------------------------
+
+
+def _gather_ints(dist, values: list[int], world: int) -> list[list[int]]:
+    import torch
+
+    local = torch.tensor(values, dtype=torch.int64)
+    out = [torch.zeros_like(local) for _ in range(world)]
+    dist.all_gather(out, local)
+    return [t.tolist() for t in out]
+
+
+def _apply_sync(api, batch, gathered: list[list[int]], rank: int) -> None:
+    """Write the all-gathered sync sizes into ``batch`` as the scheduler does."""
+    counts = [g[0] for g in gathered]
+    logprob = [g[1] for g in gathered]
+    can_graph = bool(min(g[2] for g in gathered))
+    try:
+        from types import SimpleNamespace
+
+        from sglang.srt.managers.scheduler_components.dp_attn import (
+            _update_gather_batch,
+        )
+
+        info = SimpleNamespace(
+            num_tokens=counts[rank],
+            num_tokens_for_logprob=logprob[rank],
+            global_num_tokens=counts,
+            global_num_tokens_for_logprob=logprob,
+            can_cuda_graph=can_graph,
+            can_run_decode_cuda_graph=can_graph,
+            can_run_draft_cuda_graph=can_graph,
+            can_run_breakable_cuda_graph=False,
+            can_run_prefill_cuda_graph=False,
+            is_extend_in_batch=False,
+            tbo_split_seq_index=None,
+            global_forward_mode=None,
+            tp0_info_cpu=None,
+            any_health_check=False,
+            global_attention_pairs=None,
+            dp_cooperation_info=None,
+        )
+        _update_gather_batch(batch, info, True)
+    except Exception:
+        batch.global_num_tokens = counts
+        batch.global_num_tokens_for_logprob = logprob
+        batch.can_run_dp_cuda_graph = can_graph
+    if hasattr(batch, "can_run_decode_cuda_graph"):
+        batch.can_run_decode_cuda_graph = can_graph
+
+
+#: Test hook: ``SGLANG_DSPARK_DP_FAULT=die:RANK:EP:STEP`` makes that rank's
+#: process exit abruptly at that step, to prove the run then ends with a clear
+#: message and no process left behind.
+FAULT_ENV = "SGLANG_DSPARK_DP_FAULT"
+
+
+def _fault() -> tuple[int, int, int] | None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec.startswith("die:"):
+        return None
+    rank, ep, step = (int(x) for x in spec[4:].split(":"))
+    return rank, ep, step
+
+
+def _rank_main(rank: int, cfg: RunConfig, port: int, results, progress) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=cfg.dp,
+            timeout=datetime.timedelta(seconds=cfg.timeout_s),
+        )
+    except Exception as exc:
+        results.put(("error", rank, f"could not join the gloo group: {exc}"))
+        return
+    try:
+        _rank_loop(rank, cfg, results, progress, dist)
+    except Exception as exc:
+        results.put(("error", rank, "".join(traceback.format_exception(exc))[-2000:]))
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
+    from sglang_dspark_dp.drive import (
+        DraftDriver,
+        capture_sizes,
+        graph_runner,
+    )
+    from sglang_dspark_dp.harness.churn import RankChurn
+    from sglang_dspark_dp.srt.runtime_context import parallel_override
+    from sglang_dspark_dp.srt.speculative import dspark_worker
+
+    api = dspark_worker.load_sglang_api()
+    if cfg.fix:
+        plan = dspark_worker.instrument(apply=True)
+        plugin = "repaired" if plan.patches else "not needed (stock is complete)"
+    else:
+        dspark_worker.uninstrument()
+        plugin = "off (--no-fix)"
+    names = (
+        dspark_worker.probe(api).names
+        if not cfg.fix
+        else dspark_worker.state().probe.names
+    )
+    capture = capture_sizes(MAX_BS)
+    graph = graph_runner(api, dp_size=cfg.dp, width=GAMMA, capture_bs=capture)
+    tiers: dict[int, Counter] = {}
+    steps_done: dict[int, int] = {}
+    failure: Failure | None = None
+    world = cfg.dp
+    fault = _fault()
+    for ep in cfg.ep_sizes:
+        tiers[ep] = Counter()
+        steps_done[ep] = 0
+        churn = RankChurn(seed=cfg.seed, rank=rank, dp=cfg.dp, steps=cfg.steps)
+        with parallel_override(
+            api.get_parallel, dp_size=cfg.dp, dp_rank=rank, ep_size=ep
+        ):
+            driver = DraftDriver(
+                api, gamma=GAMMA, dp_moe_sync=cfg.dp > 1, graph=graph, names=names
+            )
+            wants_device = bool(api.enable_num_token_non_padded())
+        # One collective per step: this step's sync sizes travel with the
+        # previous step's decisions (judged one step late, by every rank
+        # alike, so all ranks still stop at the same step).
+        pending: tuple[int, list[int], str] | None = None
+        prev_counts: list[int] = []
+        for t in range(cfg.steps + 1):
+            if fault is not None and fault == (rank, ep, t):
+                os._exit(17)  # the documented test hook: this rank dies here
+            count = churn.count(t) if t < cfg.steps else 0
+            message = [count, count, 1] + (
+                pending[1] if pending else [1] * len(DECISION)
+            )
+            gathered = _gather_ints(dist, message, world)
+            if pending is not None:
+                pt, _, perror = pending
+                everyone = [g[3:] for g in gathered]
+                failure = _judge(
+                    pt, ep, everyone, prev_counts, wants_device, driver.width
+                )
+                if failure is not None and failure.kind == "crash":
+                    errors: list[Any] = [None] * world
+                    dist.all_gather_object(errors, perror)
+                    failure.detail = f"{failure.detail}: {errors[failure.rank]}"
+                if failure is not None:
+                    break
+                steps_done[ep] += 1
+                if rank == 0:
+                    idle = sum(1 for c in prev_counts if c == 0)
+                    mode = "graph" if everyone[0][1] else "eager"
+                    tiers[ep][
+                        (tier_of(max(prev_counts), capture), idle, mode, "yes")
+                    ] += 1
+                    progress.value += 1
+            if t == cfg.steps:
+                break
+            sync = [g[:3] for g in gathered]
+            counts = [g[0] for g in sync]
+            decision, error = _decide(
+                api, driver, sync, rank, cfg, ep, capture, wants_device
+            )
+            pending = (t, decision, error)
+            prev_counts = counts
+        if failure is not None:
+            break
+    if rank == 0:
+        results.put(("done", rank, (plugin, steps_done, tiers, failure)))
+
+
+def _decide(api, driver, sync, rank, cfg, ep, capture, wants_device):
+    """Build this rank's draft batch for one step; return its decision
+    vector (see :data:`DECISION`) and the error text if it raised."""
+    import torch
+
+    from sglang_dspark_dp.drive import padded_bs
+    from sglang_dspark_dp.srt.runtime_context import parallel_override
+    from sglang_dspark_dp.srt.speculative.dspark_worker import make_schedule_batch
+
+    count = sync[rank][0]
+    decision = [1, 0, 0, 0, -1, -1, -1, count]
+    with parallel_override(api.get_parallel, dp_size=cfg.dp, dp_rank=rank, ep_size=ep):
+        try:
+            seq_lens = torch.full((count,), 16, dtype=torch.int64)
+            batch = make_schedule_batch(api, seq_lens=seq_lens, global_num_tokens=None)
+            _apply_sync(api, batch, sync, rank)
+            seen = driver.step_batch(count, batch)
+            if seen is None:
+                raise RuntimeError("the draft runner received no batch")
+            f = seen.fields
+            admitted = bool(seen.admitted)
+            unscaled = f.get("unscaled")
+            max_unscaled = max(unscaled) if unscaled else -1
+            bucket = (padded_bs(capture, max_unscaled) or 0) if admitted else 0
+            scaled = f.get("scaled_cpu") or [0]
+            padded = bucket * driver.width if admitted else max(scaled)
+            dev = f.get("non_padded")
+            dev_value = -1
+            if wants_device:
+                dev_value = dev[2] if dev is not None and dev[0] == torch.int32 else -2
+            cpu = f.get("non_padded_cpu")
+            decision = [
+                1,
+                int(admitted),
+                bucket,
+                padded,
+                -1 if cpu is None else int(cpu),
+                dev_value,
+                max_unscaled,
+                count,
+            ]
+        except Exception as exc:
+            decision[0] = 0
+            return decision, f"{type(exc).__name__}: {exc}"
+    return decision, ""
+
+
+def _judge(t, ep, everyone, counts, wants_device, width) -> Failure | None:
+    """Compare the ranks' decisions of one step (every rank computes the
+    same verdict from the same gathered data)."""
+    for r, d in enumerate(everyone):
+        if d[0] == 0:
+            return Failure(
+                t, ep, "crash", r, "the draft forward raised", {"counts": counts}
+            )
+    for key in ("admitted", "bucket", "padded_tokens"):
+        i = DECISION.index(key)
+        values = [d[i] for d in everyone]
+        if len(set(values)) != 1:
+            odd = next(r for r, v in enumerate(values) if v != values[0])
+            return Failure(
+                t,
+                ep,
+                "disagreement",
+                odd,
+                f"ranks disagree on {key}",
+                {key: values, "counts": counts},
+            )
+    for r, d in enumerate(everyone):
+        want = counts[r] * width
+        got = d[DECISION.index("non_padded_cpu")]
+        if got != want:
+            return Failure(
+                t,
+                ep,
+                "wrong value",
+                r,
+                "non-padded host count",
+                {"expected": want, "got": got, "counts": counts},
+            )
+        dev = d[DECISION.index("non_padded_device")]
+        if wants_device and dev != want:
+            return Failure(
+                t,
+                ep,
+                "wrong value",
+                r,
+                "non-padded device count (int32)",
+                {"expected": want, "got": dev, "counts": counts},
+            )
+        if d[DECISION.index("max_unscaled")] not in (max(counts), -1):
+            return Failure(
+                t,
+                ep,
+                "wrong value",
+                r,
+                "original_global_num_tokens_cpu",
+                {
+                    "expected max": max(counts),
+                    "got max": d[DECISION.index("max_unscaled")],
+                },
+            )
+    total = sum(d[DECISION.index("non_padded_cpu")] for d in everyone)
+    if total != sum(counts) * width:
+        return Failure(
+            t,
+            ep,
+            "wrong value",
+            None,
+            "EP accounting: non-padded sum",
+            {"expected": sum(counts) * width, "got": total},
+        )
+    return None
+
+
+# --------------------------------------------------------------------------
+# Parent.
+# --------------------------------------------------------------------------
+
+
+def _free_port(port: int) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise CannotRun(f"loopback port {port} is in use ({exc.strerror})") from exc
+        return s.getsockname()[1]
+
+
+def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
+    """Run the harness; raises :class:`CannotRun` for exit-2 conditions."""
+    cfg.validate()
+    from sglang_dspark_dp.package import installed_sglang_version
+    from sglang_dspark_dp.srt.speculative import dspark_worker
+
+    try:
+        dspark_worker.load_sglang_api()
+    except dspark_worker.DidNotEnable as exc:
+        raise CannotRun(str(exc)) from exc
+    port = _free_port(cfg.port)
+    method = os.environ.get("SGLANG_DSPARK_DP_START_METHOD", "fork")
+    ctx = mp.get_context(method)
+    results = ctx.Queue()
+    progress = ctx.Value("l", 0)
+    procs = [
+        ctx.Process(
+            target=_rank_main, args=(r, cfg, port, results, progress), daemon=True
+        )
+        for r in range(cfg.dp)
+    ]
+    start = time.monotonic()
+    total = cfg.steps * len(cfg.ep_sizes)
+    # A generous wall-clock bound: start-up plus a few ms per rank-step.
+    deadline = start + 120 + total * cfg.dp * 0.02 + cfg.timeout_s
+    outcome = None
+    try:
+        for p in procs:
+            p.start()
+        while outcome is None:
+            try:
+                kind, rank, payload = results.get(timeout=0.2)
+            except queue.Empty:
+                kind = None
+            if on_progress is not None:
+                on_progress(progress.value, total)
+            if kind == "done":
+                outcome = payload
+                break
+            if kind == "error":
+                raise CannotRun(f"DP rank {rank} failed: {payload}")
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise CannotRun(
+                    f"DP rank {procs.index(dead[0])} died (exit code {dead[0].exitcode})"
+                )
+            if time.monotonic() > deadline:
+                raise CannotRun(
+                    f"the run did not finish within {deadline - start:.0f} s"
+                )
+        for p in procs:
+            p.join(timeout=cfg.timeout_s)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        results.close()
+    if on_progress is not None:
+        on_progress(progress.value, total)
+    plugin, steps_done, tiers, failure = outcome
+    return RunResult(
+        config=cfg,
+        sglang_version=installed_sglang_version() or "unknown",
+        plugin=plugin,
+        steps_done=steps_done,
+        tiers=tiers,
+        failure=failure,
+        seconds=time.monotonic() - start,
+    )
