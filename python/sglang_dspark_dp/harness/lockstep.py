@@ -432,6 +432,13 @@ def _free_port(port: int) -> int:
         return s.getsockname()[1]
 
 
+def _dead(procs) -> str:
+    for i, p in enumerate(procs):
+        if p.exitcode not in (None, 0):
+            return f"DP rank {i} died (exit code {p.exitcode})"
+    return ""
+
+
 def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
     """Run the harness; raises :class:`CannotRun` for exit-2 conditions."""
     cfg.validate()
@@ -472,12 +479,17 @@ def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
                 outcome = payload
                 break
             if kind == "error":
-                raise CannotRun(f"DP rank {rank} failed: {payload}")
-            dead = [p for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                raise CannotRun(
-                    f"DP rank {procs.index(dead[0])} died (exit code {dead[0].exitcode})"
-                )
+                # A peer's collective fails as soon as a rank dies; name the
+                # rank that died if there is one, not the peer that noticed.
+                time.sleep(0.5)
+                last = payload.strip().splitlines()[-1] if payload.strip() else payload
+                died = _dead(procs)
+                if died:
+                    raise CannotRun(f"{died}; DP rank {rank} then failed: {last}")
+                raise CannotRun(f"DP rank {rank} failed: {last}")
+            died = _dead(procs)
+            if died:
+                raise CannotRun(died)
             if time.monotonic() > deadline:
                 raise CannotRun(
                     f"the run did not finish within {deadline - start:.0f} s"
