@@ -18,7 +18,7 @@ from sglang_dspark_dp_bench.gsm8k import client, matrix
 PY = json.dumps(sys.executable)  # a TOML-safe quoted string
 
 FAKE_SERVER = r"""
-import argparse, json, os, re, subprocess, sys, time
+import argparse, json, os, re, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 p = argparse.ArgumentParser()
@@ -30,6 +30,16 @@ args, _ = p.parse_known_args()
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 with open(os.environ["FAKE_PID_FILE"], "w") as fh:
     json.dump({"server": os.getpid(), "child": child.pid}, fh)
+
+LOG_LOCK = threading.Lock()
+
+
+def log(line):
+    # One write per line under a lock: handler threads must not interleave.
+    with LOG_LOCK:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
 
 class H(BaseHTTPRequestHandler):
     def log_message(self, *a):
@@ -44,7 +54,7 @@ class H(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
-        print("GET", self.path, flush=True)
+        log("GET " + self.path)
         if self.path == "/health":
             self._send(200, {})
         elif self.path == "/server_info":
@@ -55,7 +65,7 @@ class H(BaseHTTPRequestHandler):
     def do_POST(self):
         n = int(self.headers.get("Content-Length", 0))
         body = json.loads(self.rfile.read(n) or b"{}")
-        print("POST", self.path, flush=True)
+        log("POST " + self.path)
         if self.path == "/generate":
             question = body["text"].rsplit("Question: ", 1)[1]
             number = re.findall(r"[0-9]+", question)[-1]
