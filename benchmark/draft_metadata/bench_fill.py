@@ -1,0 +1,691 @@
+"""Per-step cost of DSpark's draft DP/EP metadata fill, stock vs plugin.
+
+Drives the installed SGLang's real ``DraftBlockProposer`` and measures, for
+``_fill_dp_moe_sync_metadata`` as the installed SGLang runs it (stock, or
+with this plugin's hook applied):
+
+* host microseconds of one fill call (median, p90);
+* host milliseconds of one fill call enqueued behind ~100 ms of GPU work
+  (``torch.cuda._sleep``): a fill that waits for the stream shows ~100 ms;
+* device allocations per fill (``allocation.all.allocated`` delta / calls);
+* whether the DP/EP fields come out right, on the fill alone and through a
+  busy and an idle rank of a DP-4 decode step with a real
+  ``DecodeCudaGraphRunner.can_run_graph`` deciding admission.
+
+``compare`` runs one child per (SGLang, mode) and prints one table. See
+README.md in this folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODES = ("stock", "plugin", "auto")
+SLEEP_MS = 100.0
+CRASH_TEXT = "'NoneType' object is not iterable"
+
+
+# --------------------------------------------------------------------------
+# Worker: one SGLang, one mode, in this process.
+# --------------------------------------------------------------------------
+
+
+def _sglang_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:
+        import sglang
+
+        return str(getattr(sglang, "__version__", "unknown"))
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def _apply_mode(mode: str) -> dict[str, Any]:
+    """Put the fill in the requested state; say what fill now runs."""
+    from sglang_dspark_dp.srt.speculative import dspark_worker
+
+    info: dict[str, Any] = {"mode": mode}
+    if mode == "stock":
+        dspark_worker.uninstrument()  # no-op unless something instrumented
+    elif mode == "plugin":
+        try:
+            dspark_worker.instrument(apply=True)
+        except dspark_worker.DidNotEnable as exc:
+            info["did_not_enable"] = str(exc)
+    elif mode == "auto":
+        # What ``sglang serve`` does: load every installed plugin through
+        # its entry point (ours only if this repo is pip-installed).
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
+    st = dspark_worker.state()
+    plan = st.plan if dspark_worker.is_instrumented() else None
+    if plan is None:
+        info["fill"] = "stock"
+        if mode != "stock":
+            why = "not needed" if st.reason.startswith("not needed") else "not loaded"
+            info["fill"] = f"stock (plugin {why})"
+    elif plan.dp_groups and not plan.dp_calls_stock:
+        info["fill"] = "plugin"
+    elif plan.dp_groups:
+        info["fill"] = "stock+plugin"
+    else:
+        # Hook registered for another path; the DP path passes through.
+        info["fill"] = "stock (hook pass-through)"
+    info["plan"] = plan.describe() if plan is not None else st.reason
+    return info
+
+
+def _calibrate_sleep(torch: Any) -> float:
+    """GPU cycles of ``torch.cuda._sleep`` per millisecond on this device."""
+    cycles = 10_000_000
+    torch.cuda._sleep(cycles)  # warm-up (module load)
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / max(start.elapsed_time(end), 1e-3)
+
+
+def _host_ms_behind_busy_gpu(torch: Any, fn: Any, cycles: int, reps: int = 3):
+    """Median host time of ``fn()`` enqueued behind ``cycles`` of GPU sleep."""
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)
+        t0 = time.perf_counter_ns()
+        fn()
+        t1 = time.perf_counter_ns()
+        torch.cuda.synchronize()
+        out.append((t1 - t0) / 1e6)
+    return statistics.median(out), out
+
+
+def _fill_checks(fb: Any, names: Any, counts: list[int], tokens: int, device):
+    import torch
+
+    checks: dict[str, str] = {}
+    value = getattr(fb, names.unscaled, None) if names.unscaled else None
+    checks["unscaled"] = (
+        "ok"
+        if value == counts
+        else ("missing" if value is None else f"wrong ({value!r})")
+    )
+    t = getattr(fb, names.non_padded, None) if names.non_padded else None
+    if t is None:
+        checks["non_padded"] = "missing"
+    elif not isinstance(t, torch.Tensor):
+        checks["non_padded"] = f"wrong (not a tensor: {t!r})"
+    elif t.dtype != torch.int32 or t.device.type != torch.device(device).type:
+        checks["non_padded"] = f"wrong ({t.dtype} on {t.device})"
+    elif int(t.item()) != tokens:
+        checks["non_padded"] = f"wrong (value {int(t.item())})"
+    else:
+        checks["non_padded"] = "ok"
+    cpu = getattr(fb, names.non_padded_cpu, None) if names.non_padded_cpu else None
+    checks["non_padded_cpu"] = (
+        "ok" if cpu == tokens else ("missing" if cpu is None else f"wrong ({cpu!r})")
+    )
+    return checks
+
+
+def _driver_checks(api: Any, names: Any, *, counts: list[int], gamma: int, device):
+    """Busy rank 0 and idle rank 1 (``counts[1] == 0``) of one DP decode step
+    through real proposers and a real ``can_run_graph`` (device tensors where
+    ``device`` is cuda)."""
+    import torch
+
+    from sglang_dspark_dp.drive import DraftDriver, capture_sizes, graph_runner
+    from sglang_dspark_dp.srt.runtime_context import parallel_override
+
+    capture = capture_sizes(128)
+    dp = len(counts)
+    graph = graph_runner(api, dp_size=dp, width=gamma, capture_bs=capture)
+    out: dict[str, Any] = {"counts": counts}
+    for label, rank in (("busy_rank", 0), ("idle_rank", 1)):
+        if rank >= dp:
+            continue
+        res: dict[str, Any] = {"rank": rank}
+        try:
+            with parallel_override(
+                api.get_parallel, dp_size=dp, dp_rank=rank, ep_size=dp
+            ):
+                driver = DraftDriver(
+                    api,
+                    gamma=gamma,
+                    dp_moe_sync=True,
+                    graph=graph,
+                    names=names,
+                    device=device,
+                )
+                seen = driver.step(counts[rank], list(counts))
+            width = driver.width
+            tokens = counts[rank] * width
+            problems = []
+            if seen is None:
+                problems.append("no draft forward on this rank")
+            else:
+                f = seen.fields
+                if seen.admitted is not (max(counts) <= max(capture)):
+                    problems.append(f"admitted={seen.admitted}")
+                if f.get("unscaled") != counts:
+                    problems.append(f"unscaled={f.get('unscaled')!r}")
+                if f.get("scaled_cpu") != [c * width for c in counts]:
+                    problems.append(f"scaled_cpu={f.get('scaled_cpu')!r}")
+                if f.get("non_padded_cpu") != tokens:
+                    problems.append(f"non_padded_cpu={f.get('non_padded_cpu')!r}")
+                dtype, dev, value = f.get("non_padded") or (None, None, None)
+                if (
+                    dtype != torch.int32
+                    or dev is None
+                    or dev.type != torch.device(device).type
+                    or value != tokens
+                ):
+                    problems.append(f"non_padded={(dtype, dev, value)!r}")
+            res["ok"] = not problems
+            res["problems"] = problems
+        except Exception as exc:
+            res["ok"] = False
+            res["error"] = f"crash: {type(exc).__name__}: {exc}"
+        out[label] = res
+    out["ok"] = all(out[k]["ok"] for k in ("busy_rank", "idle_rank") if k in out)
+    return out
+
+
+def _explain(api: Any, torch: Any, device: str, *, bs: int, gamma: int, dp: int):
+    """Time each candidate statement of the fills alone, behind a busy GPU."""
+    from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
+        DraftDPBuffers,
+    )
+
+    dev = torch.device(device)
+    n = bs * gamma
+    gnt = [bs * gamma] * dp
+    spec = api.make_spec_info(draft_token_num=gamma, device=dev)
+    bufs = DraftDPBuffers(dev, with_non_padded=True)
+    bufs.stage_counts(gnt, gnt)
+    pin = dev.type == "cuda"
+    candidates = {
+        # 0.5.17 stock: num_token_non_padded
+        "torch.tensor(n, dtype=int32, device=dev)": lambda: torch.tensor(
+            n, dtype=torch.int32, device=dev
+        ),
+        # 0.5.16/0.5.17 stock: global_num_tokens_gpu (and the logprob twin)
+        "torch.tensor(gnt, dtype=int64).to(dev, non_blocking=True)": lambda: (
+            torch.tensor(gnt, dtype=torch.int64).to(dev, non_blocking=True)
+        ),
+        "spec_scale_global_num_tokens(spec, gnt, gnt)": lambda: api.scale(
+            spec, gnt, gnt
+        ),
+        "enable_num_token_non_padded()": api.enable_num_token_non_padded,
+        # control: the same scalar, explicit blocking copy
+        "torch.tensor(n, dtype=int32).to(dev)": lambda: torch.tensor(
+            n, dtype=torch.int32
+        ).to(dev),
+        # plugin: the persistent scalar
+        "buffers.non_padded.fill_(n)": lambda: bufs.non_padded.fill_(n),
+        # plugin: one pinned host tensor + one async copy
+        "buffers.stage_counts(gnt, gnt) [pinned + copy_ non_blocking]": lambda: (
+            bufs.stage_counts(gnt, gnt)
+        ),
+        "torch.tensor(gnt, pin_memory=True)": lambda: torch.tensor(
+            gnt, dtype=torch.int64, pin_memory=pin
+        ),
+    }
+    cycles = int(SLEEP_MS * _calibrate_sleep(torch)) if dev.type == "cuda" else 0
+    rows = []
+    for label, fn in candidates.items():
+        for _ in range(20):
+            fn()
+        t = []
+        for _ in range(200):
+            t0 = time.perf_counter_ns()
+            fn()
+            t.append((time.perf_counter_ns() - t0) / 1e3)
+        row: dict[str, Any] = {"statement": label, "idle_us": statistics.median(t)}
+        if dev.type == "cuda":
+            ms, _ = _host_ms_behind_busy_gpu(torch, fn, cycles)
+            row["busy_host_ms"] = ms
+            row["blocks"] = ms > SLEEP_MS / 2
+        else:
+            row["busy_host_ms"] = None
+            row["blocks"] = None
+        rows.append(row)
+    return rows
+
+
+def run_worker(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
+        DraftDPFieldNames,
+    )
+    from sglang_dspark_dp.srt.runtime_context import parallel_override
+    from sglang_dspark_dp.srt.speculative import dspark_worker
+
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch.cuda.is_available() is False")
+    api = dspark_worker.load_sglang_api()
+    result: dict[str, Any] = {
+        "sglang": _sglang_version(),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "device": device,
+        "device_name": (torch.cuda.get_device_name() if device == "cuda" else "cpu"),
+        "params": {"iters": args.iters, "dp": args.dp, "bs": args.bs},
+    }
+    result.update(_apply_mode(args.mode))
+    st = dspark_worker.state()
+    names = (
+        st.probe.names
+        if st.probe is not None
+        else DraftDPFieldNames.for_forward_batch(api.forward_batch_cls)
+    )
+    fill = getattr(api.proposer_cls, dspark_worker.FILL)
+    counts = [args.bs] + [
+        (args.bs // 2 if r % 2 == 0 else 0) for r in range(1, args.dp)
+    ]
+    with parallel_override(
+        api.get_parallel, dp_size=args.dp, dp_rank=0, ep_size=args.dp
+    ):
+        result["enable_num_token_non_padded"] = bool(api.enable_num_token_non_padded())
+        proposer = dspark_worker.build_draft_proposer(
+            api,
+            draft_model_runner=dspark_worker._ProbeRunner(torch.device(device)),
+            gamma=args.gamma,
+            dp_moe_sync=True,
+        )
+        spec = proposer._draft_block_spec_info
+        width = int(spec.num_tokens_per_req)
+        tokens = args.bs * width
+        result["params"].update(gamma=args.gamma, width=width, counts=counts)
+
+        def new_batches():
+            fb = dspark_worker.make_draft_forward_batch(
+                api, bs=args.bs, width=width, spec_info=spec, device=device
+            )
+            batch = dspark_worker.make_schedule_batch(
+                api,
+                seq_lens=torch.full((args.bs,), 8, dtype=torch.int64, device=device),
+                global_num_tokens=list(counts),
+            )
+            return fb, batch
+
+        fb, batch = new_batches()
+
+        def call():
+            fill(proposer, fb, batch)
+
+        warm = min(100, max(10, args.iters // 10))
+        for _ in range(warm):
+            call()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        samples = []
+        gc_was = gc.isenabled()
+        gc.disable()
+        try:
+            for _ in range(args.iters):
+                t0 = time.perf_counter_ns()
+                call()
+                samples.append((time.perf_counter_ns() - t0) / 1e3)
+        finally:
+            if gc_was:
+                gc.enable()
+        result["host_us"] = {
+            "median": statistics.median(samples),
+            "p90": _percentile(samples, 0.9),
+            "mean": statistics.fmean(samples),
+            "min": min(samples),
+            "iters": len(samples),
+        }
+
+        if device == "cuda":
+            cycles = int(SLEEP_MS * _calibrate_sleep(torch))
+            ms, reps = _host_ms_behind_busy_gpu(torch, call, cycles)
+            result["busy"] = {
+                "host_ms": ms,
+                "reps_ms": reps,
+                "gpu_sleep_ms": SLEEP_MS,
+                "cycles": cycles,
+            }
+            torch.cuda.synchronize()
+            n_calls = min(args.iters, 1000)
+            key = "allocation.all.allocated"
+            before = torch.cuda.memory_stats().get(key, 0)
+            for _ in range(n_calls):
+                call()
+            after = torch.cuda.memory_stats().get(key, 0)
+            torch.cuda.synchronize()
+            result["device_allocs_per_step"] = (after - before) / n_calls
+        else:
+            result["busy"] = None
+            result["device_allocs_per_step"] = None
+
+        # Correctness of one fill on fresh batches (read back after timing).
+        fb, batch = new_batches()
+        call()
+        result["fill_fields"] = _fill_checks(fb, names, counts, tokens, device)
+        if args.explain:
+            result["explain"] = _explain(
+                api, torch, device, bs=args.bs, gamma=args.gamma, dp=args.dp
+            )
+    result["driver"] = _driver_checks(
+        api, names, counts=counts, gamma=args.gamma, device=device
+    )
+    result["dp_fields"] = dp_fields_cell(result)
+    result["correct"] = result["dp_fields"] == "present"
+    return result
+
+
+def dp_fields_cell(r: dict[str, Any]) -> str:
+    fields = r.get("fill_fields") or {}
+    missing = [k for k, v in fields.items() if v == "missing"]
+    wrong = [f"{k}: {v}" for k, v in fields.items() if v not in ("ok", "missing")]
+    driver = r.get("driver") or {}
+    errors = [
+        driver[k].get("error") or "; ".join(driver[k].get("problems", []))
+        for k in ("busy_rank", "idle_rank")
+        if k in driver and not driver[k].get("ok")
+    ]
+    if not missing and not wrong and not errors:
+        return "present"
+    head = "missing" if missing else ("wrong" if wrong else "present")
+    crash = next((e for e in errors if e.startswith("crash:")), None)
+    if crash:
+        return f"{head} → {crash}"
+    detail = ", ".join(missing) or "; ".join(wrong + errors)
+    return f"{head} ({detail})"
+
+
+# --------------------------------------------------------------------------
+# compare: one child per (SGLang, mode), one table.
+# --------------------------------------------------------------------------
+
+
+def _child_env(site: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("SGLANG_PLUGINS", None)
+    parts = [site] if site else []
+    parts.append(str(REPO_ROOT / "python"))
+    if env.get("PYTHONPATH"):
+        parts.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
+
+
+def _parse_pairs(values: list[str], flag: str) -> list[tuple[str, str]]:
+    out = []
+    for v in values or []:
+        label, sep, path = v.partition("=")
+        if not sep or not label or not path:
+            raise SystemExit(f"{flag} expects LABEL=PATH, got {v!r}")
+        out.append((label, path))
+    return out
+
+
+def run_compare(args: argparse.Namespace) -> dict[str, Any]:
+    targets = [(label, py, None) for label, py in _parse_pairs(args.python, "--python")]
+    targets += [
+        (label, sys.executable, site)
+        for label, site in _parse_pairs(args.site, "--site")
+    ]
+    if not targets:
+        targets = [("installed", sys.executable, None)]
+    runs = []
+    for label, py, site in targets:
+        for mode in args.modes:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "r.json"
+                cmd = [
+                    py,
+                    str(Path(__file__).resolve()),
+                    "--device", args.device,
+                    "--iters", str(args.iters),
+                    "--dp", str(args.dp),
+                    "--bs", str(args.bs),
+                    "--gamma", str(args.gamma),
+                    "--mode", mode,
+                    "--out", str(out),
+                ]  # fmt: skip
+                if args.explain and mode == "stock":
+                    cmd.append("--explain")
+                t0 = time.monotonic()
+                proc = subprocess.run(
+                    cmd,
+                    capture_output=True,
+                    text=True,
+                    env=_child_env(site),
+                    timeout=args.child_timeout,
+                )
+                if proc.returncode == 0 and out.exists():
+                    r = json.loads(out.read_text())
+                else:
+                    tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+                    r = {
+                        "mode": mode,
+                        "fill": mode,
+                        "error": f"child exited {proc.returncode}",
+                        "log_tail": tail,
+                    }
+                    print(f"[{label} {mode}] FAILED:\n  " + "\n  ".join(tail))
+                r["label"] = label
+                r["child_s"] = round(time.monotonic() - t0, 1)
+                runs.append(r)
+    combined = summarize(runs, args)
+    return combined
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def evaluate_targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    ours = [r for r in runs if r.get("fill") == "plugin" and "host_us" in r]
+    base = [
+        r
+        for r in runs
+        if r.get("mode") == "stock"
+        and str(r.get("sglang", "")).startswith("0.5.17")
+        and "host_us" in r
+    ]
+
+    def verdict(vals: list[bool | None]) -> str:
+        if not vals or any(v is None for v in vals):
+            return "n/a"
+        return "met" if all(vals) else "NOT met"
+
+    busy = [None if r["busy"] is None else r["busy"]["host_ms"] for r in ours]
+    allocs = [r.get("device_allocs_per_step") for r in ours]
+    ref = base[0]["host_us"]["median"] if base else None
+    meds = [r["host_us"]["median"] for r in ours]
+    return [
+        {
+            "target": "host blocked <= 1 ms while GPU busy",
+            "values": busy,
+            "verdict": verdict([None if b is None else b <= 1.0 for b in busy]),
+        },
+        {
+            "target": "0 device allocations per step",
+            "values": allocs,
+            "verdict": verdict([None if a is None else a == 0 for a in allocs]),
+        },
+        {
+            "target": "median <= 0.5x stock 0.5.17 fill median (same run)",
+            "values": meds,
+            "reference_us": ref,
+            "verdict": verdict([None if ref is None else m <= 0.5 * ref for m in meds]),
+        },
+    ]
+
+
+def render_table(runs: list[dict[str, Any]]) -> str:
+    head = [
+        "fill",
+        "sglang",
+        "host µs median",
+        "host µs p90",
+        "host ms while GPU busy",
+        "device allocs/step",
+        "DP fields",
+    ]
+    rows = []
+    for r in runs:
+        if "error" in r:
+            rows.append(
+                [r.get("fill", "?"), r["label"], "-", "-", "-", "-", r["error"]]
+            )
+            continue
+        rows.append(
+            [
+                r["fill"],
+                r["sglang"],
+                _fmt(r["host_us"]["median"]),
+                _fmt(r["host_us"]["p90"]),
+                _fmt(None if r["busy"] is None else r["busy"]["host_ms"], ".3f"),
+                _fmt(r["device_allocs_per_step"], ".2f"),
+                r["dp_fields"],
+            ]
+        )
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=False)]
+    line = (
+        "| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |"
+    )
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    body = [
+        "| "
+        + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))
+        + " |"
+        for row in rows
+    ]
+    return "\n".join([line, sep, *body])
+
+
+def render_explain(r: dict[str, Any]) -> str:
+    lines = [f"explain (sglang {r.get('sglang')}, {r.get('device')}):"]
+    for row in r["explain"]:
+        blocks = {True: "BLOCKS", False: "async", None: "n/a"}[row["blocks"]]
+        lines.append(
+            f"  {row['statement']:<62} idle {row['idle_us']:8.1f} µs   "
+            f"behind busy GPU {_fmt(row['busy_host_ms'], '.3f'):>8} ms  {blocks}"
+        )
+    return "\n".join(lines)
+
+
+def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    device_name = next((r["device_name"] for r in runs if "device_name" in r), None)
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": args.device,
+        "device_name": device_name,
+        "torch": next((r["torch"] for r in runs if "torch" in r), None),
+        "sglang_versions": sorted({r["sglang"] for r in runs if "sglang" in r}),
+        "params": {
+            "iters": args.iters,
+            "dp": args.dp,
+            "bs": args.bs,
+            "gamma": args.gamma,
+        },
+        "runs": runs,
+        "targets": evaluate_targets(runs),
+    }
+
+
+def print_compare(combined: dict[str, Any]) -> None:
+    for r in combined["runs"]:
+        if r.get("explain"):
+            print(render_explain(r))
+            print()
+    print(
+        f"device: {combined['device_name']}  torch {combined['torch']}  "
+        f"params {combined['params']}"
+    )
+    print(render_table(combined["runs"]))
+    parts = []
+    for t in combined["targets"]:
+        parts.append(f"{t['target']}: {t['verdict']}")
+    print("targets (plugin fill rows): " + "; ".join(parts))
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Benchmark DSpark's draft DP/EP metadata fill (stock vs plugin)."
+    )
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="default: cuda if available, else cpu")  # fmt: skip
+    p.add_argument("--iters", type=int, default=3000)
+    p.add_argument("--dp", type=int, default=4)
+    p.add_argument("--bs", type=int, default=8)
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--mode", choices=MODES, default="stock",
+                   help="single run: stock fill, plugin (instrument(apply=True)), "
+                   "or auto (sglang.srt.plugins.load_plugins())")  # fmt: skip
+    p.add_argument("--explain", action="store_true",
+                   help="also time each candidate statement of the fills alone")  # fmt: skip
+    p.add_argument("--out", default=None, help="write the JSON here")
+    sub = p.add_subparsers(dest="command")
+    c = sub.add_parser("compare", help="one child per (SGLang, mode), one table")
+    c.add_argument("--python", action="append", default=[], metavar="LABEL=PYTHON",
+                   help="an interpreter with that SGLang installed")  # fmt: skip
+    c.add_argument("--site", action="append", default=[], metavar="LABEL=DIR",
+                   help="run sys.executable with PYTHONPATH=DIR:<repo>/python")  # fmt: skip
+    c.add_argument("--modes", nargs="+", choices=MODES, default=["stock", "plugin"])
+    c.add_argument("--child-timeout", type=float, default=600)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.device is None:
+        with contextlib.suppress(Exception):
+            import torch
+
+            args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        args.device = args.device or "cpu"
+    if args.command == "compare":
+        combined = run_compare(args)
+        if args.out:
+            Path(args.out).write_text(json.dumps(combined, indent=1, default=str))
+        print_compare(combined)
+        return 0 if all("error" not in r for r in combined["runs"]) else 1
+    result = run_worker(args)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    else:
+        print(json.dumps(result, indent=1, default=str))
+    if result.get("explain"):
+        print(render_explain(result), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
