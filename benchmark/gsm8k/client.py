@@ -369,49 +369,35 @@ def make_progress(total: int, enabled: bool):
 # --------------------------------------------------------------------------
 
 
-def _positive_int(flag: str):
-    def parse(text: str) -> int:
+def _number(flag: str, kind: type, *, minimum: float, strict: bool):
+    """argparse type: a ``kind`` number above (``strict``) or at ``minimum``."""
+    noun = "an integer" if kind is int else "a number"
+    bound = f"> {minimum}" if strict else f">= {minimum}"
+
+    def parse(text: str):
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(
-                f"{flag} must be an integer, got {text!r}"
+                f"{flag} must be {noun}, got {text!r}"
             ) from exc
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {value}")
+        if not (value > minimum if strict else value >= minimum):
+            raise argparse.ArgumentTypeError(f"{flag} must be {bound}, got {text}")
         return value
 
     return parse
+
+
+def _positive_int(flag: str):
+    return _number(flag, int, minimum=1, strict=False)
 
 
 def _non_negative_int(flag: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(
-                f"{flag} must be an integer, got {text!r}"
-            ) from exc
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{flag} must be >= 0, got {value}")
-        return value
-
-    return parse
+    return _number(flag, int, minimum=0, strict=False)
 
 
 def _positive_float(flag: str):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(
-                f"{flag} must be a number, got {text!r}"
-            ) from exc
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{flag} must be > 0, got {text}")
-        return value
-
-    return parse
+    return _number(flag, float, minimum=0, strict=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
