@@ -62,14 +62,20 @@ class _Bar:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self._last = -1
+        # Redraw in place on a terminal; in a log, one line every 10%.
+        self._step = 1 if sys.stderr.isatty() else 10
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled or total <= 0:
             return
-        pct = int(100 * done / total)
+        pct = int(100 * done / total) // self._step * self._step
         if pct == self._last:
             return
         self._last = pct
+        if self._step > 1:
+            sys.stderr.write(f"  {pct:3d}%  {done}/{total} steps\n")
+            sys.stderr.flush()
+            return
         filled = pct * 30 // 100
         sys.stderr.write(
             f"\r  [{'#' * filled}{'.' * (30 - filled)}] {pct:3d}%  {done}/{total} steps"
@@ -79,7 +85,7 @@ class _Bar:
             sys.stderr.write("\n")
 
     def close(self) -> None:
-        if self.enabled and self._last >= 0 and self._last < 100:
+        if self.enabled and self._step == 1 and 0 <= self._last < 100:
             sys.stderr.write("\n")
 
 
@@ -110,9 +116,9 @@ def render_tiers(result) -> str:
             for i, h in enumerate(header)
         ]
         fmt = "  " + "  ".join(f"{{:<{w}}}" for w in widths)
-        lines.append(fmt.format(*header))
+        lines.append(fmt.format(*header).rstrip())
         lines.append("  " + "  ".join("-" * w for w in widths))
-        lines.extend(fmt.format(*r) for r in rows)
+        lines.extend(fmt.format(*r).rstrip() for r in rows)
         lines.append("")
     return "\n".join(lines)
 
