@@ -175,3 +175,32 @@ def test_cli_verify_without_dspark_exits_2():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def decision(admitted=1, bucket=4, padded=16, cpu=0, dev=-1, max_unscaled=4, count=0):
+    return [1, admitted, bucket, padded, cpu, dev, max_unscaled, count]
+
+
+def test_judge_names_step_rank_and_values():
+    counts, width = [4, 0], 4
+    good = [decision(cpu=16, count=4), decision(cpu=0)]
+    assert lockstep._judge(7, 2, good, counts, False, width) is None
+    split = [decision(cpu=16, count=4), decision(admitted=0, bucket=0, cpu=0)]
+    f = lockstep._judge(7, 2, split, counts, False, width)
+    assert (f.kind, f.step, f.ep, f.rank) == ("disagreement", 7, 2, 1)
+    assert "admitted" in f.detail and f.values["admitted"] == [1, 0]
+    assert "step 7 (EP 2, rank 1)" in f.render()
+    wrong = [decision(cpu=15, count=4), decision(cpu=0)]
+    f = lockstep._judge(3, 1, wrong, counts, False, width)
+    assert (f.kind, f.rank, f.values["expected"], f.values["got"]) == (
+        "wrong value",
+        0,
+        16,
+        15,
+    )
+    device = [decision(cpu=16, dev=0, count=4), decision(cpu=0, dev=0)]
+    f = lockstep._judge(3, 2, device, counts, True, width)
+    assert f.kind == "wrong value" and "device" in f.detail and f.rank == 0
+    crashed = [decision(cpu=16, count=4), [0, 0, 0, 0, -1, -1, -1, 0]]
+    f = lockstep._judge(0, 1, crashed, counts, False, width)
+    assert (f.kind, f.rank) == ("crash", 1)
