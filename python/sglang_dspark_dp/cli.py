@@ -158,7 +158,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     print()
     print(render_tiers(result))
     done = sum(result.steps_done.values())
-    head = f"sglang {result.sglang_version}, plugin {result.plugin}"
+    head = (
+        f"sglang {result.sglang_version}, plugin {result.plugin}; sync sizes "
+        f"written by {result.sync_writer}"
+    )
     if result.failure is None:
         print(
             f"verify: OK: {cfg.dp} DP ranks agreed on admission, graph size, padded "
@@ -211,9 +214,11 @@ def doctor_report() -> dict[str, Any]:
         "reason": None,
         "guard": dspark_worker.guard_enabled(),
     }
-    eps = metadata.entry_points(group="sglang.srt.plugins")
+    from sglang_dspark_dp.plugin import ENTRY_POINT, PLUGIN_GROUP, PLUGIN_NAME
+
+    eps = metadata.entry_points(group=PLUGIN_GROUP)
     report["entry_point_registered"] = any(
-        ep.value == "sglang_dspark_dp.plugin:register" for ep in eps
+        ep.name == PLUGIN_NAME and ep.value == ENTRY_POINT for ep in eps
     )
     if version is None:
         report["reason"] = "sglang is not installed"
@@ -251,18 +256,31 @@ def doctor_report() -> dict[str, Any]:
             report["reason"] = "applied"
         elif not probe.affected:
             report["reason"] = "not needed: the stock draft batch is complete"
-        elif (
-            os.environ.get("SGLANG_PLUGINS")
-            and "dspark_dp" not in os.environ["SGLANG_PLUGINS"]
-        ):
-            report["reason"] = "not loaded: SGLANG_PLUGINS does not list dspark_dp"
         elif not report["entry_point_registered"]:
             report["reason"] = (
                 "not loaded: the entry point is not registered (reinstall the package)"
             )
+        elif not _whitelisted(PLUGIN_GROUP, PLUGIN_NAME):
+            report["reason"] = (
+                f"not loaded: SGLANG_PLUGINS={os.environ.get('SGLANG_PLUGINS')!r} "
+                f"does not list {PLUGIN_NAME}"
+            )
         else:
             report["reason"] = state.reason
     return report
+
+
+def _whitelisted(group: str, name: str) -> bool:
+    """Whether SGLang's own plugin discovery (its ``SGLANG_PLUGINS``
+    whitelist) admits ``name``."""
+    try:
+        from sglang.srt.plugins import load_plugins_by_group
+    except ImportError:
+        return True
+    try:
+        return name in load_plugins_by_group(group)
+    except Exception:
+        return True
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -442,6 +460,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd is None:
         parser.print_help()
+        return EXIT_CANNOT
+    from sglang_dspark_dp.package import missing_runtime
+
+    missing = missing_runtime()  # the wrong venv: say so, no traceback
+    if missing is not None:
+        if getattr(args, "json", False):
+            print(json.dumps({"dspark_present": False, "reason": missing}))
+        _err(f"cannot run {args.cmd}: {missing}")
         return EXIT_CANNOT
     return args.func(args)
 

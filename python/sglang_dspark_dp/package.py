@@ -43,5 +43,25 @@ def installed_sglang_version() -> str | None:
         return None
 
 
+def missing_runtime() -> str | None:
+    """Why SGLang cannot run in this Python (None: SGLang and torch are
+    importable), found without importing either."""
+    import importlib.util
+    import sys
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):  # a module set to None, a bad spec
+            return True
+
+    where = f"this Python ({sys.executable})"
+    if absent("sglang"):
+        return f"SGLang is not installed in {where}"
+    if absent("torch"):
+        return f"torch, which SGLang needs, is not installed in {where}"
+    return None
+
+
 def version_supported(version: str) -> bool:
     return parse_version(version) >= MIN_SGLANG

@@ -13,11 +13,15 @@ from __future__ import annotations
 import logging
 import sys
 
-from sglang_dspark_dp.package import installed_sglang_version
+from sglang_dspark_dp.package import installed_sglang_version, missing_runtime
 
 logger = logging.getLogger("sglang_dspark_dp")
 
+#: Entry-point group, name and value (pyproject.toml declares them; a test
+#: keeps the two in step).
+PLUGIN_GROUP = "sglang.srt.plugins"
 PLUGIN_NAME = "dspark_dp"
+ENTRY_POINT = "sglang_dspark_dp.plugin:register"
 
 
 def _ensure_visible() -> None:
@@ -34,7 +38,11 @@ def _ensure_visible() -> None:
 def register() -> None:
     """Probe the installed SGLang and register the repair hook if needed."""
     _ensure_visible()
-    version = installed_sglang_version() or "not installed"
+    missing = missing_runtime()
+    if missing is not None:
+        logger.warning("sglang-dspark-dp: not applied: %s; nothing patched", missing)
+        return
+    version = installed_sglang_version() or "unknown"
     try:
         from sglang_dspark_dp.srt.speculative import dspark_worker
 

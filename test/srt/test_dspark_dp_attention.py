@@ -287,3 +287,42 @@ def test_untouched_paths_are_identical_with_and_without_plugin(
     with stock():
         without = run()
     assert with_plugin == without
+
+
+def test_sglang_unit_test_style_patch_reaches_the_repair(api, plugin):
+    """SGLang's own unit-test style: a bare proposer, no process groups,
+    ``enable_num_token_non_padded`` patched to True where the stock fill
+    looks it up. The repaired fill must honour the patch (upstream's fill
+    does on 0.5.17), not call the real function and need an EP group."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    draft = api.draft_module
+    where = draft if hasattr(draft, "enable_num_token_non_padded") else api.fbi_module
+    proposer = api.proposer_cls.__new__(api.proposer_cls)
+    proposer._dp_moe_sync = True
+    proposer._draft_block_spec_info = api.make_spec_info(
+        draft_token_num=GAMMA, device="cpu"
+    )
+    proposer.draft_model_runner = SimpleNamespace(device="cpu")
+    proposer._num_token_non_padded = None  # what newer __init__s set; unused
+    fb = dspark_worker.make_draft_forward_batch(
+        api, bs=2, width=GAMMA, spec_info=proposer._draft_block_spec_info, device="cpu"
+    )
+    batch = SimpleNamespace(
+        global_num_tokens=[2, 3],
+        global_num_tokens_for_logprob=[2, 3],
+        can_run_dp_cuda_graph=True,
+        can_run_decode_cuda_graph=True,
+        is_extend_in_batch=False,
+        dp_spec_prefill_coordination_applied=False,
+    )
+    names = plugin.probe.names
+    with mock.patch.object(where, "enable_num_token_non_padded", return_value=True):
+        proposer._fill_dp_moe_sync_metadata(fb, batch)
+    count = getattr(fb, names.non_padded)
+    assert isinstance(count, torch.Tensor) and count.dtype == torch.int32
+    assert int(count) == 2 * GAMMA
+    assert getattr(fb, names.non_padded_cpu) == 2 * GAMMA
+    assert getattr(fb, names.unscaled) == [2, 3]
+    assert fb.global_num_tokens_cpu == [2 * GAMMA, 3 * GAMMA]

@@ -83,3 +83,15 @@ def test_guard_names_field_rank_and_values(api, plugin, field, corrupt, message)
     assert info.value.rank == 1
     assert f"{name} on DP rank 1" in str(info.value)
     assert "got" in str(info.value)
+
+
+def test_an_unknown_guard_value_means_off_and_says_so_once(monkeypatch, caplog):
+    monkeypatch.setenv(dspark_worker.GUARD_ENV, "maybe")
+    with caplog.at_level("WARNING", logger="sglang_dspark_dp"):
+        assert dspark_worker.guard_enabled() is False
+        assert dspark_worker.guard_enabled() is False
+    said = [r.getMessage() for r in caplog.records if "maybe" in r.getMessage()]
+    assert len(said) == 1, said
+    assert dspark_worker.GUARD_ENV in said[0] and "stays off" in said[0]
+    monkeypatch.setenv(dspark_worker.GUARD_ENV, "on")
+    assert dspark_worker.guard_enabled() is True

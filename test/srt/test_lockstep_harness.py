@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import socket
-import sys
 import time
 
 import pytest
@@ -173,10 +172,6 @@ def test_cli_verify_without_dspark_exits_2():
     assert "cannot run" in proc.stderr and "no DSpark draft module" in proc.stderr
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def decision(admitted=1, bucket=4, padded=16, cpu=0, dev=-1, max_unscaled=4, count=0):
     return [1, admitted, bucket, padded, cpu, dev, max_unscaled, count]
 
@@ -204,3 +199,40 @@ def test_judge_names_step_rank_and_values():
     crashed = [decision(cpu=16, count=4), [0, 0, 0, 0, -1, -1, -1, 0]]
     f = lockstep._judge(0, 1, crashed, counts, False, width)
     assert (f.kind, f.rank) == ("crash", 1)
+
+
+def test_harness_names_the_code_that_wrote_the_sync_sizes(plugin):
+    result = lockstep.run(lockstep.RunConfig(dp=2, ep_sizes=(1,), steps=20))
+    assert result.failure is None, result.failure.render()
+    assert result.sync_writer.endswith("dp_attn._update_gather_batch")
+
+
+def test_a_failing_sglang_sync_writer_fails_verify_not_bypassed():
+    """If SGLang's ``_update_gather_batch`` cannot be driven, the harness
+    must not write the fields itself and call SGLang healthy."""
+    code = (
+        "import sys\n"
+        "from sglang.srt.managers.scheduler_components import dp_attn\n"
+        "def broken(*a, **k):\n"
+        "    raise RuntimeError('forced failure')\n"
+        "dp_attn._update_gather_batch = broken\n"
+        + CLI.format(argv=["verify", "--steps", "10", "--dp", "2", "--no-progress"])
+    )
+    proc = run_python(code, env={"SGLANG_DSPARK_DP_START_METHOD": "fork"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("verify: FAILED")]
+    assert line, proc.stdout
+    assert "_update_gather_batch failed: RuntimeError: forced failure" in line[0]
+    assert "verify: OK" not in proc.stdout
+
+
+def test_a_missing_sglang_sync_writer_is_cannot_run():
+    code = (
+        "import sys\n"
+        "from sglang.srt.managers.scheduler_components import dp_attn\n"
+        "del dp_attn._update_gather_batch\n"
+        + CLI.format(argv=["verify", "--steps", "5", "--dp", "2", "--no-progress"])
+    )
+    proc = run_python(code)
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
+    assert "cannot drive SGLang's DP sync path" in proc.stderr

@@ -165,8 +165,9 @@ def test_supported_range_declared_once_and_optional():
     ]
     requires = metadata.requires("sglang-dspark-dp") or []
     assert all("extra ==" in r for r in requires), requires
-    eps = metadata.entry_points(group="sglang.srt.plugins")
-    assert any(
-        ep.name == "dspark_dp" and ep.value == "sglang_dspark_dp.plugin:register"
-        for ep in eps
-    )
+    from sglang_dspark_dp.plugin import ENTRY_POINT, PLUGIN_GROUP, PLUGIN_NAME
+
+    declared = pyproject["project"]["entry-points"][PLUGIN_GROUP]
+    assert declared == {PLUGIN_NAME: ENTRY_POINT}
+    eps = metadata.entry_points(group=PLUGIN_GROUP)
+    assert any(ep.name == PLUGIN_NAME and ep.value == ENTRY_POINT for ep in eps)

@@ -47,6 +47,11 @@ DECISION = (
 )
 
 
+#: The SGLang function that writes the all-gathered sync sizes into a
+#: ``ScheduleBatch`` (what the scheduler runs after its DP all-gather).
+SYNC_WRITER = "sglang.srt.managers.scheduler_components.dp_attn._update_gather_batch"
+
+
 class CannotRun(Exception):
     """The harness cannot run (bad input, no DSpark, port in use...)."""
 
@@ -103,6 +108,8 @@ class RunResult:
     tiers: dict[int, Counter]
     failure: Failure | None
     seconds: float
+    #: The SGLang function that wrote the sync sizes into every step's batch.
+    sync_writer: str = SYNC_WRITER
 
     @property
     def healthy(self) -> bool:
@@ -134,41 +141,62 @@ def _gather_ints(dist, values: list[int], world: int) -> list[list[int]]:
     return [t.tolist() for t in out]
 
 
-def _apply_sync(api, batch, gathered: list[list[int]], rank: int) -> None:
-    """Write the all-gathered sync sizes into ``batch`` as the scheduler does."""
+class SyncPathFailed(RuntimeError):
+    """SGLang's own sync-size writer could not be driven: the harness will
+    not write the fields itself and report a healthy SGLang."""
+
+
+def load_sync_writer():
+    """SGLang's ``_update_gather_batch``, or :class:`CannotRun` saying why."""
+    import importlib
+
+    module, _, name = SYNC_WRITER.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise CannotRun(
+            f"cannot drive SGLang's DP sync path: {SYNC_WRITER} is not there ({exc})"
+        ) from exc
+
+
+def _apply_sync(writer, batch, gathered: list[list[int]], rank: int) -> None:
+    """Write the all-gathered sync sizes into ``batch`` with SGLang's own
+    writer, as the scheduler does; never by hand."""
+    from types import SimpleNamespace
+
     counts = [g[0] for g in gathered]
     logprob = [g[1] for g in gathered]
     can_graph = bool(min(g[2] for g in gathered))
+    info = SimpleNamespace(
+        num_tokens=counts[rank],
+        num_tokens_for_logprob=logprob[rank],
+        global_num_tokens=counts,
+        global_num_tokens_for_logprob=logprob,
+        can_cuda_graph=can_graph,
+        can_run_decode_cuda_graph=can_graph,
+        can_run_draft_cuda_graph=can_graph,
+        can_run_breakable_cuda_graph=False,
+        can_run_prefill_cuda_graph=False,
+        is_extend_in_batch=False,
+        tbo_split_seq_index=None,
+        global_forward_mode=None,
+        tp0_info_cpu=None,
+        any_health_check=False,
+        global_attention_pairs=None,
+        dp_cooperation_info=None,
+    )
     try:
-        from types import SimpleNamespace
-
-        from sglang.srt.managers.scheduler_components.dp_attn import (
-            _update_gather_batch,
+        writer(batch, info, True)
+    except Exception as exc:
+        raise SyncPathFailed(
+            f"SGLang's {SYNC_WRITER.rpartition('.')[2]} failed: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if batch.global_num_tokens != counts:
+        raise SyncPathFailed(
+            f"SGLang's {SYNC_WRITER.rpartition('.')[2]} wrote global_num_tokens="
+            f"{batch.global_num_tokens!r}, expected {counts!r}"
         )
-
-        info = SimpleNamespace(
-            num_tokens=counts[rank],
-            num_tokens_for_logprob=logprob[rank],
-            global_num_tokens=counts,
-            global_num_tokens_for_logprob=logprob,
-            can_cuda_graph=can_graph,
-            can_run_decode_cuda_graph=can_graph,
-            can_run_draft_cuda_graph=can_graph,
-            can_run_breakable_cuda_graph=False,
-            can_run_prefill_cuda_graph=False,
-            is_extend_in_batch=False,
-            tbo_split_seq_index=None,
-            global_forward_mode=None,
-            tp0_info_cpu=None,
-            any_health_check=False,
-            global_attention_pairs=None,
-            dp_cooperation_info=None,
-        )
-        _update_gather_batch(batch, info, True)
-    except Exception:
-        batch.global_num_tokens = counts
-        batch.global_num_tokens_for_logprob = logprob
-        batch.can_run_dp_cuda_graph = can_graph
     if hasattr(batch, "can_run_decode_cuda_graph"):
         batch.can_run_decode_cuda_graph = can_graph
 
@@ -226,6 +254,7 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
     from sglang_dspark_dp.srt.speculative import dspark_worker
 
     api = dspark_worker.load_sglang_api()
+    writer = load_sync_writer()
     if cfg.fix:
         plan = dspark_worker.instrument(apply=True)
         plugin = "repaired" if plan.patches else "not needed (stock is complete)"
@@ -293,7 +322,7 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
             sync = [g[:3] for g in gathered]
             counts = [g[0] for g in sync]
             decision, error = _decide(
-                api, driver, sync, rank, cfg, ep, capture, wants_device
+                api, writer, driver, sync, rank, cfg, ep, capture, wants_device
             )
             pending = (t, decision, error)
             prev_counts = counts
@@ -303,7 +332,7 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
         results.put(("done", rank, (plugin, steps_done, tiers, failure)))
 
 
-def _decide(api, driver, sync, rank, cfg, ep, capture, wants_device):
+def _decide(api, writer, driver, sync, rank, cfg, ep, capture, wants_device):
     """Build this rank's draft batch for one step; return its decision
     vector (see :data:`DECISION`) and the error text if it raised."""
     import torch
@@ -318,7 +347,7 @@ def _decide(api, driver, sync, rank, cfg, ep, capture, wants_device):
         try:
             seq_lens = torch.full((count,), 16, dtype=torch.int64)
             batch = make_schedule_batch(api, seq_lens=seq_lens, global_num_tokens=None)
-            _apply_sync(api, batch, sync, rank)
+            _apply_sync(writer, batch, sync, rank)
             seen = driver.step_batch(count, batch)
             if seen is None:
                 raise RuntimeError("the draft runner received no batch")
@@ -355,9 +384,7 @@ def _judge(t, ep, everyone, counts, wants_device, width) -> Failure | None:
     same verdict from the same gathered data)."""
     for r, d in enumerate(everyone):
         if d[0] == 0:
-            return Failure(
-                t, ep, "crash", r, "the draft forward raised", {"counts": counts}
-            )
+            return Failure(t, ep, "crash", r, "the step raised", {"counts": counts})
     for key in ("admitted", "bucket", "padded_tokens"):
         i = DECISION.index(key)
         values = [d[i] for d in everyone]
@@ -449,6 +476,7 @@ def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
         dspark_worker.load_sglang_api()
     except dspark_worker.DidNotEnable as exc:
         raise CannotRun(str(exc)) from exc
+    load_sync_writer()  # CannotRun if SGLang's sync path is not there
     port = _free_port(cfg.port)
     method = os.environ.get("SGLANG_DSPARK_DP_START_METHOD", "fork")
     ctx = mp.get_context(method)

@@ -78,9 +78,27 @@ class SGLangAPI:
     capture_hidden_mode: Any
     spec_algorithm: Any
     get_parallel: Any
-    enable_num_token_non_padded: Any
-    scale: Any
     make_spec_info: Any
+    draft_module: Any
+    fbi_module: Any
+    spec_module: Any
+
+    # SGLang functions the fill calls are looked up at call time, where the
+    # stock fill looks them up (the draft module's namespace where it
+    # imports them, else their home module), so a ``mock.patch`` in SGLang's
+    # own unit-test style, or another plugin's hook, reaches the repair too.
+
+    def enable_num_token_non_padded(self) -> bool:
+        fn = getattr(self.draft_module, "enable_num_token_non_padded", None)
+        if fn is None:
+            fn = self.fbi_module.enable_num_token_non_padded
+        return bool(fn())
+
+    def scale(self, spec_info: Any, counts: Any, logprob_counts: Any) -> Any:
+        fn = getattr(self.draft_module, "spec_scale_global_num_tokens", None)
+        if fn is None:
+            fn = self.spec_module.spec_scale_global_num_tokens
+        return fn(spec_info, counts, logprob_counts)
 
 
 def load_sglang_api() -> SGLangAPI:
@@ -114,6 +132,9 @@ def load_sglang_api() -> SGLangAPI:
         spec = importlib.import_module("sglang.srt.speculative.spec_info")
         rc = importlib.import_module("sglang.srt.runtime_context")
         dwc = importlib.import_module("sglang.srt.speculative.draft_worker_common")
+        # Resolved at call time (see SGLangAPI); here only checked present.
+        fbi.enable_num_token_non_padded  # noqa: B018
+        spec.spec_scale_global_num_tokens  # noqa: B018
         return SGLangAPI(
             proposer_cls=proposer_cls,
             forward_batch_cls=fbi.ForwardBatch,
@@ -122,9 +143,10 @@ def load_sglang_api() -> SGLangAPI:
             capture_hidden_mode=fbi.CaptureHiddenMode,
             spec_algorithm=spec.SpeculativeAlgorithm,
             get_parallel=rc.get_parallel,
-            enable_num_token_non_padded=fbi.enable_num_token_non_padded,
-            scale=spec.spec_scale_global_num_tokens,
             make_spec_info=dwc.make_draft_block_spec_info,
+            draft_module=draft,
+            fbi_module=fbi,
+            spec_module=spec,
         )
     except (ImportError, AttributeError) as exc:
         raise DidNotEnable(
@@ -440,7 +462,7 @@ def make_fill_hook(plan: RepairPlan, names: DraftDPFieldNames, api: SGLangAPI):
 
     dp_groups, local_groups = plan.dp_groups, plan.local_groups
     dp_calls_stock, guard = plan.dp_calls_stock, plan.guard
-    scale = api.scale
+    scale = api.scale  # a method resolving SGLang's function per call
 
     def dspark_dp_fill(original, proposer, forward_batch, batch):
         dp = proposer._dp_moe_sync
@@ -481,8 +503,27 @@ class _State:
 _STATE = _State()
 
 
+_GUARD_ON = frozenset({"1", "true", "yes", "on"})
+_GUARD_OFF = frozenset({"", "0", "false", "no", "off"})
+_guard_warned: set[str] = set()
+
+
 def guard_enabled() -> bool:
-    return os.environ.get(GUARD_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+    """Whether ``SGLANG_DSPARK_DP_CHECK`` turns the guard on. A value that is
+    neither on nor off means off, and says so once per process."""
+    raw = os.environ.get(GUARD_ENV, "")
+    value = raw.strip().lower()
+    if value in _GUARD_ON:
+        return True
+    if value not in _GUARD_OFF and raw not in _guard_warned:
+        _guard_warned.add(raw)
+        logger.warning(
+            "sglang-dspark-dp: %s=%r is neither on (1/true/yes/on) nor off "
+            "(0/false/no/off); the guard stays off",
+            GUARD_ENV,
+            raw,
+        )
+    return False
 
 
 def is_instrumented() -> bool:
