@@ -177,6 +177,7 @@ def _apply_sync(writer, batch, gathered: list[list[int]], rank: int) -> None:
         can_run_draft_cuda_graph=can_graph,
         can_run_breakable_cuda_graph=False,
         can_run_prefill_cuda_graph=False,
+        prefill_cuda_graph_max_prefix_len=0,
         is_extend_in_batch=False,
         tbo_split_seq_index=None,
         global_forward_mode=None,
