@@ -20,9 +20,14 @@ def run(code: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(
     ("hidden", "says"),
-    [("torch", "torch, which SGLang needs, is not installed"), ("sglang", "SGLang is not installed")],
+    [
+        ("torch", "torch, which SGLang needs, is not installed"),
+        ("sglang", "SGLang is not installed"),
+    ],
 )
-@pytest.mark.parametrize("argv", [["doctor"], ["doctor", "--json"], ["verify"], ["repro"]])
+@pytest.mark.parametrize(
+    "argv", [["doctor"], ["doctor", "--json"], ["verify"], ["repro"]]
+)
 def test_cli_says_what_is_missing_and_exits_2(hidden, says, argv):
     code = HIDE.format(name=hidden) + (
         f"from sglang_dspark_dp.cli import main\nsys.exit(main({argv!r}))\n"
