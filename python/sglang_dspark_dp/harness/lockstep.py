@@ -50,6 +50,7 @@ DECISION = (
 #: The SGLang function that writes the all-gathered sync sizes into a
 #: ``ScheduleBatch`` (what the scheduler runs after its DP all-gather).
 SYNC_WRITER = "sglang.srt.managers.scheduler_components.dp_attn._update_gather_batch"
+_SYNC_WRITER_NAME = SYNC_WRITER.rpartition(".")[2]
 
 
 class CannotRun(Exception):
@@ -190,12 +191,11 @@ def _apply_sync(writer, batch, gathered: list[list[int]], rank: int) -> None:
         writer(batch, info, True)
     except Exception as exc:
         raise SyncPathFailed(
-            f"SGLang's {SYNC_WRITER.rpartition('.')[2]} failed: "
-            f"{type(exc).__name__}: {exc}"
+            f"SGLang's {_SYNC_WRITER_NAME} failed: " f"{type(exc).__name__}: {exc}"
         ) from exc
     if batch.global_num_tokens != counts:
         raise SyncPathFailed(
-            f"SGLang's {SYNC_WRITER.rpartition('.')[2]} wrote global_num_tokens="
+            f"SGLang's {_SYNC_WRITER_NAME} wrote global_num_tokens="
             f"{batch.global_num_tokens!r}, expected {counts!r}"
         )
     if hasattr(batch, "can_run_decode_cuda_graph"):
