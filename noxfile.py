@@ -40,6 +40,9 @@ def ran_tests(junit: str) -> int:
 def tests(session: nox.Session, sglang: str) -> None:
     session.install(f"sglang=={sglang}", "pytest>=8", "matplotlib", "tqdm")
     session.install("--no-deps", "-e", ".")
+    # The benchmarks are their own distribution (one import name); the "./"
+    # keeps pip from taking the folder name for the PyPI project "benchmark".
+    session.install("--no-deps", "-e", "./benchmark")
     junit = f"{session.create_tmp()}/junit.xml"
     session.run(
         "python",

@@ -1,5 +1,7 @@
-"""Benchmarks and validation clients shipped with sglang-dspark-dp.
+"""Benchmarks and validation clients for sglang-dspark-dp.
 
-Installed as the import package ``sglang_dspark_dp_bench``; nothing here imports
-SGLang, so the clients run against a remote server from any Python >= 3.10.
+This folder is its own distribution, ``sglang-dspark-dp-bench`` (see
+``benchmark/pyproject.toml``), installed as the import package
+``sglang_dspark_dp_bench``: ``pip install -e benchmark``. The GSM8K client and
+the matrix talk to a running SGLang server over HTTP and never import SGLang.
 """

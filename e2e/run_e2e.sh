@@ -5,6 +5,9 @@
 #
 #   e2e/run_e2e.sh --gpus 2|4 [--sglang-site DIR] [--out DIR]
 #                  [--compare-0517 SITE] [--python PY] [--port P]
+#                  [--gsm8k-data DIR]
+#
+# PY needs the plugin and the benchmarks installed (pip install -e . -e benchmark).
 set -euo pipefail
 
 # NVLink multicast stays off on the lent machines.
@@ -19,6 +22,10 @@ OUT="$ROOT/e2e/out"
 SITE_0517=""
 PY="${PYTHON:-python}"
 PORT=31000
+# Folder with GSM8K train.jsonl + test.jsonl (the GPU machines reach no
+# network, so the client cannot download them); default: the checkout's
+# ../shared/data/gsm8k when present, else the client's own cache.
+GSM8K_DATA=""
 HEALTH_TIMEOUT="${E2E_HEALTH_TIMEOUT:-1200}"
 CRASH_TIMEOUT="${E2E_CRASH_TIMEOUT:-900}"
 GRACE=30
@@ -31,7 +38,8 @@ while (($#)); do
     --compare-0517) SITE_0517="$2"; shift 2 ;;
     --python) PY="$2"; shift 2 ;;
     --port) PORT="$2"; shift 2 ;;
-    -h|--help) sed -n 2,7p "$0"; exit 0 ;;
+    --gsm8k-data) GSM8K_DATA="$2"; shift 2 ;;
+    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -39,7 +47,12 @@ case "$GPUS" in 2|4) ;; *) echo "--gpus must be 2 or 4" >&2; exit 2 ;; esac
 
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
-cd "$ROOT"  # benchmark.gsm8k.client is run as a module from the repo
+cd "$ROOT"
+if [[ -z "$GSM8K_DATA" && -f "$ROOT/../shared/data/gsm8k/test.jsonl" ]]; then
+  GSM8K_DATA="$ROOT/../shared/data/gsm8k"
+fi
+GSM8K_ARGS=()
+if [[ -n "$GSM8K_DATA" ]]; then GSM8K_ARGS=(--data-path "$GSM8K_DATA"); fi
 RESULTS="$OUT/e2e_results.json"
 rm -f "$RESULTS"
 URL="http://127.0.0.1:$PORT"
@@ -99,6 +112,11 @@ if ! "$PY" -c 'import sglang.cli.main' 2>/dev/null; then
   exit 2
 fi
 
+if ! "$PY" -c 'import sglang_dspark_dp_bench.gsm8k.client' 2>/dev/null; then
+  echo "sglang_dspark_dp_bench not importable with $PY: pip install -e $ROOT/benchmark" >&2
+  exit 2
+fi
+
 "$PY" -m sglang_dspark_dp.cli doctor --json >"$OUT/doctor.json" 2>&1 || true
 
 # ---- 1. DSpark + DP attention + EP, plugin on
@@ -112,9 +130,9 @@ if checks --check "dspark: /health" health --url "$URL" \
     --n 32 || true
   checks --check "dspark: greedy outputs" greedy --url "$URL" \
     --save "$OUT/greedy_dspark.json" || true
-  "$PY" -m benchmark.gsm8k.client --port "$PORT" --num-questions 50 \
+  "$PY" -m sglang_dspark_dp_bench.gsm8k.client --port "$PORT" --num-questions 50 \
     --parallel 16 --no-progress --result-file "$OUT/gsm8k_dspark.json" \
-    >"$OUT/gsm8k_dspark.out" 2>&1 || true
+    "${GSM8K_ARGS[@]}" >"$OUT/gsm8k_dspark.out" 2>&1 || true
   checks --check "dspark: GSM8K 50 q, zero request errors" gsm8k \
     --result-file "$OUT/gsm8k_dspark.json" || true
   sleep 5  # let the last decode log lines land

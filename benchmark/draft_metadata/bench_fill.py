@@ -599,7 +599,7 @@ def render_explain(r: dict[str, Any]) -> str:
 def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     device_name = next((r["device_name"] for r in runs if "device_name" in r), None)
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "device": args.device,
         "device_name": device_name,
         "torch": next((r["torch"] for r in runs if "torch" in r), None),

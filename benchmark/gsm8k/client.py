@@ -11,21 +11,29 @@ that SGLang's own test-suite uses, so the figures are comparable with it:
   prediction is the last run of digits in the completion once thousands
   separators are dropped; a completion without one is *invalid*.
 
+The data set is looked up like SGLang's own few-shot GSM8K benchmark does: a
+folder given with ``--data-path``; else the cache folder
+(``$SGLANG_DSPARK_DP_CACHE/gsm8k``, default ``~/.cache/sglang-dspark-dp/gsm8k``);
+else ``test.jsonl`` / ``train.jsonl`` are downloaded from the GSM8K repository
+into that cache.
+
 Only the standard library is needed (``tqdm`` is used for the progress bar when
 it happens to be installed). Usage::
 
     sglang-dspark-dp-gsm8k --port 30000 --num-questions 200 --parallel 64
-    python benchmark/gsm8k/client.py --api openai --base-url http://host:30000
+    python -m sglang_dspark_dp_bench.gsm8k.client --api openai --base-url http://host:30000
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
 import socket
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -47,11 +55,25 @@ EXIT_INTERRUPTED = 130
 
 _DIGITS = re.compile(r"[0-9]+")
 
+#: Where the canonical GSM8K files are downloaded from (``<base><name>``).
+GSM8K_URL_BASE = (
+    "https://raw.githubusercontent.com/openai/grade-school-math/master/"
+    "grade_school_math/data/"
+)
+TRAIN_FILE = "train.jsonl"
+TEST_FILE = "test.jsonl"
+#: Environment variable naming the cache root (the data goes in ``<root>/gsm8k``).
+CACHE_ENV = "SGLANG_DSPARK_DP_CACHE"
+DOWNLOAD_TIMEOUT = 60.0
 
-def default_data_dir() -> Path:
-    """``<repo root>/../shared/data/gsm8k``, found from this file's location."""
-    repo_root = Path(__file__).resolve().parents[2]
-    return repo_root.parent / "shared" / "data" / "gsm8k"
+
+def default_cache_dir() -> Path:
+    """``$SGLANG_DSPARK_DP_CACHE/gsm8k``, else ``~/.cache/sglang-dspark-dp/gsm8k``."""
+    root = os.environ.get(CACHE_ENV)
+    base = (
+        Path(root).expanduser() if root else Path.home() / ".cache" / "sglang-dspark-dp"
+    )
+    return base / "gsm8k"
 
 
 # --------------------------------------------------------------------------
@@ -61,6 +83,10 @@ def default_data_dir() -> Path:
 
 class DataError(Exception):
     """A data file is missing or unreadable."""
+
+
+class DownloadError(DataError):
+    """A data file is not cached and could not be downloaded."""
 
 
 def load_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -85,15 +111,100 @@ def load_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def resolve_data_files(data_path: str | os.PathLike | None) -> tuple[Path, Path]:
-    """Return ``(train.jsonl, test.jsonl)`` for a data directory.
+def _one_line(exc: BaseException) -> str:
+    """A short, single-line description of a download failure."""
+    if isinstance(exc, urllib.error.HTTPError):
+        text = f"HTTP {exc.code} {exc.reason}"
+    elif isinstance(exc, urllib.error.URLError):
+        text = str(exc.reason)
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
 
-    A path to a file is taken as the test file, with ``train.jsonl`` beside it.
+
+def _download_hint(cache_dir: Path) -> str:
+    return (
+        f"pass --data-path DIR holding {TEST_FILE} and {TRAIN_FILE}, "
+        f"or put them in {cache_dir}"
+    )
+
+
+def download_file(name: str, cache_dir: Path) -> Path:
+    """Download ``GSM8K_URL_BASE + name`` into ``cache_dir`` (atomically).
+
+    The file is written to a temporary name in ``cache_dir``, checked to be
+    GSM8K JSONL, then renamed into place, so the cache never holds a partial
+    or foreign file. Raises :class:`DownloadError` with a one-line message.
     """
-    base = Path(data_path) if data_path else default_data_dir()
-    if base.is_file():
-        return base.parent / "train.jsonl", base
-    return base / "train.jsonl", base / "test.jsonl"
+    url = GSM8K_URL_BASE + name
+    dest = cache_dir / name
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(
+            dir=cache_dir, prefix=f".{name}.", suffix=".part"
+        )
+    except OSError as exc:
+        raise DownloadError(
+            f"cannot create the GSM8K cache folder {cache_dir} ({_one_line(exc)}); "
+            f"pass --data-path DIR holding {TEST_FILE} and {TRAIN_FILE}, "
+            f"or set ${CACHE_ENV} to a writable folder"
+        ) from None
+    tmp = Path(tmp_name)
+    try:
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as resp:
+                    expected = resp.headers.get("Content-Length")
+                    size = 0
+                    while chunk := resp.read(1 << 16):
+                        fh.write(chunk)
+                        size += len(chunk)
+            # http.client does not flag a body cut short when read in chunks.
+            if expected is not None and expected.isdigit() and size < int(expected):
+                raise http.client.IncompleteRead(b"", int(expected) - size)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise DownloadError(
+                f"cannot download GSM8K {name} from {url} ({_one_line(exc)}); "
+                + _download_hint(cache_dir)
+            ) from None
+        try:
+            load_jsonl(tmp)
+        except DataError as exc:
+            problem = str(exc).replace(str(tmp), name)
+            raise DownloadError(
+                f"the GSM8K {name} downloaded from {url} is not GSM8K JSONL "
+                f"({problem}); " + _download_hint(cache_dir)
+            ) from None
+        tmp.chmod(0o644)  # mkstemp made it private; the cache is shareable
+        os.replace(tmp, dest)
+        print(f"downloaded GSM8K {name} from {url} to {dest}", file=sys.stderr)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def resolve_data_files(
+    data_path: str | os.PathLike | None, *, need_train: bool = True
+) -> tuple[Path, Path]:
+    """Return ``(train.jsonl, test.jsonl)``.
+
+    ``data_path`` given: that folder (a path to a file is taken as the test
+    file, with ``train.jsonl`` beside it); nothing is downloaded, and missing
+    files are reported by :func:`load_jsonl`. Not given: the cache folder
+    (:func:`default_cache_dir`), downloading the files it lacks (``train.jsonl``
+    only when ``need_train``).
+    """
+    if data_path:
+        base = Path(data_path).expanduser()
+        if base.is_file():
+            return base.parent / TRAIN_FILE, base
+        return base / TRAIN_FILE, base / TEST_FILE
+    cache_dir = default_cache_dir()
+    train, test = cache_dir / TRAIN_FILE, cache_dir / TEST_FILE
+    for path in (test, train) if need_train else (test,):
+        if not path.is_file():
+            download_file(path.name, cache_dir)
+    return train, test
 
 
 def extract_number(text: str) -> int:
@@ -430,9 +541,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--data-path",
+        "--data-dir",
+        dest="data_path",
         default=None,
-        help="folder holding train.jsonl and test.jsonl (default: "
-        f"{default_data_dir()})",
+        help="folder holding train.jsonl and test.jsonl, or the test file "
+        f"itself (default: the cache folder, ${CACHE_ENV}/gsm8k or "
+        "~/.cache/sglang-dspark-dp/gsm8k, downloading what it lacks)",
     )
     p.add_argument("--num-shots", type=_non_negative_int("--num-shots"), default=5)
     p.add_argument(
@@ -487,9 +601,19 @@ def load_questions(
     args: argparse.Namespace,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Load the data files; raise :class:`DataError` or ``SystemExit(2)``."""
-    train_path, test_path = resolve_data_files(args.data_path)
-    train_rows = load_jsonl(train_path) if args.num_shots > 0 else []
-    test_rows = load_jsonl(test_path)
+    train_path, test_path = resolve_data_files(
+        args.data_path, need_train=args.num_shots > 0
+    )
+    try:
+        train_rows = load_jsonl(train_path) if args.num_shots > 0 else []
+        test_rows = load_jsonl(test_path)
+    except DataError as exc:
+        if args.data_path and not isinstance(exc, DownloadError):
+            raise DataError(
+                f"{exc} (--data-path {args.data_path} must hold {TRAIN_FILE} "
+                f"and {TEST_FILE})"
+            ) from None
+        raise
     if args.num_shots > len(train_rows):
         build_parser().error(
             f"argument --num-shots: {args.num_shots} is more than the "
@@ -560,12 +684,28 @@ def summarize(records: list[dict[str, Any]], latency: float) -> dict[str, Any]:
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    return (
-        f"Accuracy: {summary['accuracy']:.3f}\n"
-        f"Invalid: {summary['invalid']:.3f}\n"
-        f"Latency: {summary['latency']:.3f} s\n"
-        f"Output throughput: {summary['output_throughput']:.3f} token/s"
-    )
+    """The console summary: SGLang's four lines, then the failed requests.
+
+    The failed requests are counted, then grouped by reason, most frequent
+    first (``  3  timeout``), one reason a line.
+    """
+    lines = [
+        f"Accuracy: {summary['accuracy']:.3f}",
+        f"Invalid: {summary['invalid']:.3f}",
+        f"Latency: {summary['latency']:.3f} s",
+        f"Output throughput: {summary['output_throughput']:.3f} token/s",
+    ]
+    errors = summary.get("errors") or {}
+    failed = summary.get("num_errors", sum(errors.values()))
+    total = summary.get("num_questions", 0)
+    if not failed:
+        lines.append(f"Failed requests: 0 of {total}")
+        return "\n".join(lines)
+    lines.append(f"Failed requests: {failed} of {total}, by reason:")
+    width = len(str(max(errors.values(), default=0)))
+    for reason, count in sorted(errors.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"  {count:>{width}}  {reason}")
+    return "\n".join(lines)
 
 
 def write_result(path: str | os.PathLike, result: dict[str, Any]) -> None:

@@ -17,6 +17,8 @@ import pytest
 from sglang_dspark_dp_bench.gsm8k import client
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The checkout's copy of the data set (tests never download it).
+SHARED_GSM8K = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 
 TRAIN = [
     {"question": "Tom has 2 apples and buys 3 more. How many?",
@@ -144,6 +146,9 @@ class FakeSGLang:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
+        # A slow answer whose client timed out meets a closed socket; the
+        # traceback socketserver prints would land in a later test's stderr.
+        self.httpd.handle_error = lambda request, client_address: None
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -163,17 +168,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _argv(port: int, data: Path, result: Path, *extra: str) -> list[str]:
+def _argv(port: int, data: Path | None, result: Path, *extra: str) -> list[str]:
+    """Client flags; ``data=None`` leaves out --data-path (the cache is used)."""
     return [
-        "--port", str(port), "--data-path", str(data), "--result-file", str(result),
+        "--port", str(port), "--result-file", str(result),
+        *(["--data-path", str(data)] if data is not None else []),
         "--num-shots", "3", "--parallel", "4", "--timeout", str(CLIENT_TIMEOUT),
         "--max-new-tokens", "64", *extra,
     ]  # fmt: skip
 
 
+# SGLang's four lines, then the failed requests (grouped by reason when any).
 LINE_FORMAT = re.compile(
     r"\AAccuracy: \d\.\d{3}\nInvalid: \d\.\d{3}\nLatency: \d+\.\d{3} s\n"
-    r"Output throughput: \d+\.\d{3} token/s\n\Z"
+    r"Output throughput: \d+\.\d{3} token/s\n"
+    r"Failed requests: \d+ of \d+(\n|, by reason:\n(  +\d+  [^\n]+\n)+)\Z"
 )
 
 
@@ -187,6 +196,13 @@ def test_scripted_accuracy_invalid_and_records(api, data_dir, tmp_path, capsys):
     assert LINE_FORMAT.match(out), out
     assert out.splitlines()[0] == f"Accuracy: {N_CORRECT / N:.3f}" == "Accuracy: 0.250"
     assert out.splitlines()[1] == f"Invalid: {N_INVALID / N:.3f}" == "Invalid: 0.625"
+    assert out.splitlines()[4:] == [
+        f"Failed requests: {len(EXPECTED_ERRORS)} of {N}, by reason:",
+        "  1  empty completion",
+        "  1  http 500",
+        "  1  malformed json",
+        "  1  timeout",
+    ]
 
     res = json.loads(result_file.read_text())
     assert res["interrupted"] is False
@@ -345,7 +361,7 @@ def test_script_entry_point_help():
 
 
 def test_real_gsm8k_files_and_prompt():
-    train_path, test_path = client.resolve_data_files(None)
+    train_path, test_path = client.resolve_data_files(SHARED_GSM8K)
     if not (train_path.is_file() and test_path.is_file()):
         pytest.skip(f"GSM8K data not present at {train_path.parent}")
     train = client.load_jsonl(train_path)
@@ -363,3 +379,204 @@ def test_real_gsm8k_files_and_prompt():
     assert first.endswith(f"\n\nQuestion: {test[0]['question']}\nAnswer:")
     prefix = client.build_few_shot_prefix(train, 5)
     assert all(p.startswith(prefix) for p in prompts)
+
+
+def test_console_summary_groups_failures_by_reason():
+    summary = {
+        "accuracy": 0.5, "invalid": 0.25, "latency": 2.0, "output_throughput": 10.0,
+        "num_questions": 20, "num_errors": 7,
+        "errors": {"timeout": 1, "http 500": 3, "connection error: reset": 3},
+    }  # fmt: skip
+    assert client.format_summary(summary).splitlines()[4:] == [
+        "Failed requests: 7 of 20, by reason:",
+        "  3  connection error: reset",
+        "  3  http 500",
+        "  1  timeout",
+    ]
+    clean = {**summary, "num_errors": 0, "errors": {}}
+    assert client.format_summary(clean).splitlines()[4:] == ["Failed requests: 0 of 20"]
+
+
+def test_console_summary_counts_repeated_failures(data_dir, tmp_path, capsys):
+    # No server at all behind /generate: every request fails the same way.
+    result_file = tmp_path / "res.json"
+    with FakeSGLang() as fake:
+        fake_port = fake.port
+        original = client.Backend.complete
+
+        def complete(self, prompt):
+            if "q-right" in prompt.rsplit("Question: ", 1)[1]:
+                return original(self, prompt)
+            raise client.RequestFailed("http 503")
+
+        client.Backend.complete = complete
+        try:
+            code = client.main(_argv(fake_port, data_dir, result_file))
+        finally:
+            client.Backend.complete = original
+    out = capsys.readouterr().out
+    assert code == 0
+    assert LINE_FORMAT.match(out), out
+    assert out.splitlines()[4:] == [
+        f"Failed requests: {N - 2} of {N}, by reason:",
+        f"  {N - 2}  http 503",
+    ]
+
+
+def test_data_from_the_cache_without_download(gsm8k_cache, data_dir, tmp_path, capsys):
+    _write_data(gsm8k_cache)
+    assert client.default_cache_dir() == gsm8k_cache
+    assert client.resolve_data_files(None) == (
+        gsm8k_cache / "train.jsonl",
+        gsm8k_cache / "test.jsonl",
+    )
+    result_file = tmp_path / "res.json"
+    with FakeSGLang() as fake:
+        code = client.main(_argv(fake.port, None, result_file))
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "download" not in captured.err
+    assert len(json.loads(result_file.read_text())["records"]) == N
+
+    # An explicit path is used as given: no fallback to the (full) cache.
+    missing = tmp_path / "nowhere"
+    code = client.main(_argv(_free_port(), missing, result_file))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{missing / 'train.jsonl'}" in err and "--data-path" in err
+
+
+def test_cache_root_defaults_to_home(monkeypatch, tmp_path):
+    monkeypatch.delenv(client.CACHE_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert client.default_cache_dir() == tmp_path / ".cache/sglang-dspark-dp/gsm8k"
+
+
+def test_offline_download_is_one_line(gsm8k_cache, unreachable_url, tmp_path, capsys):
+    code = client.main(_argv(_free_port(), None, tmp_path / "r.json"))
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    line = lines[0]
+    prefix = (
+        "sglang-dspark-dp-gsm8k: error: cannot download GSM8K test.jsonl from "
+        f"{unreachable_url}test.jsonl ("
+    )
+    assert line.startswith(prefix), line
+    assert "refused" in line.lower(), line
+    assert line.endswith(
+        "; pass --data-path DIR holding test.jsonl and train.jsonl, "
+        f"or put them in {gsm8k_cache}"
+    ), line
+    assert list(gsm8k_cache.iterdir()) == []  # no partial file left behind
+    assert not (tmp_path / "r.json").exists()
+
+
+class _FileServer:
+    """Serves ``files`` (name -> bytes or a callable writing the response)."""
+
+    def __init__(self, files: dict):
+        self.requests: list[str] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                owner.requests.append(self.path)
+                name = self.path.rsplit("/", 1)[-1]
+                body = files.get(name) if self.path.startswith("/gsm8k/") else None
+                if body is None:
+                    self.send_error(404)
+                    return
+                if callable(body):
+                    body(self)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/gsm8k/"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+def _jsonl(rows) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def test_download_fills_the_cache_once(gsm8k_cache, monkeypatch, tmp_path, capsys):
+    test_rows = [{"question": q, "answer": f"#### {label}"} for q, label, _ in SCRIPT]
+    files = {"train.jsonl": _jsonl(TRAIN), "test.jsonl": _jsonl(test_rows)}
+    with _FileServer(files) as server:
+        monkeypatch.setattr(client, "GSM8K_URL_BASE", server.url)
+        result_file = tmp_path / "res.json"
+        with FakeSGLang() as fake:
+            code = client.main(_argv(fake.port, None, result_file))
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        assert sorted(server.requests) == ["/gsm8k/test.jsonl", "/gsm8k/train.jsonl"]
+        assert sorted(p.name for p in gsm8k_cache.iterdir()) == sorted(files)
+        for name, body in files.items():
+            assert (gsm8k_cache / name).read_bytes() == body
+        assert "downloaded GSM8K test.jsonl" in captured.err
+        assert len(json.loads(result_file.read_text())["records"]) == N
+        # Second run: served from the cache.
+        assert client.resolve_data_files(None)[1] == gsm8k_cache / "test.jsonl"
+        assert len(server.requests) == 2
+
+
+def test_zero_shot_downloads_only_the_test_file(gsm8k_cache, monkeypatch):
+    files = {"test.jsonl": _jsonl([{"question": "q", "answer": "#### 1"}])}
+    with _FileServer(files) as server:
+        monkeypatch.setattr(client, "GSM8K_URL_BASE", server.url)
+        client.resolve_data_files(None, need_train=False)
+    assert server.requests == ["/gsm8k/test.jsonl"]
+    assert [p.name for p in gsm8k_cache.iterdir()] == ["test.jsonl"]
+
+
+def _truncated(handler):
+    handler.send_response(200)
+    handler.send_header("Content-Length", "100000")
+    handler.end_headers()
+    handler.wfile.write(_jsonl(TRAIN))  # then the connection closes early
+    handler.wfile.flush()
+    handler.close_connection = True
+
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (b"<html>Sign in to this network</html>\n", "is not GSM8K JSONL"),
+        (_truncated, "cannot download GSM8K test.jsonl"),
+        (None, "HTTP 404"),
+    ],
+    ids=["not-jsonl", "truncated", "missing"],
+)
+def test_bad_download_leaves_the_cache_empty(
+    gsm8k_cache, monkeypatch, capsys, body, needle
+):
+    files = {"test.jsonl": body} if body is not None else {}
+    with _FileServer(files) as server:
+        monkeypatch.setattr(client, "GSM8K_URL_BASE", server.url)
+        code = client.main(["--port", str(_free_port()), "--num-shots", "0"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert needle in err, err
+    assert "--data-path DIR" in err
+    assert list(gsm8k_cache.iterdir()) == []

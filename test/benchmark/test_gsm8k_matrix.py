@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dspark_dp_bench.gsm8k import client, matrix
+from sglang_dspark_dp_bench.gsm8k import client, config, matrix, supervision
 
 PY = json.dumps(sys.executable)  # a TOML-safe quoted string
 
@@ -232,7 +233,7 @@ def test_run_starts_uses_and_stops_servers(tmp_path, monkeypatch, capsys):
 
     pids = json.loads((tmp_path / "pids.json").read_text())
     assert not _alive(pids["server"]) and not _alive(pids["child"])
-    assert not matrix.port_in_use("127.0.0.1", port)
+    assert not supervision.port_in_use("127.0.0.1", port)
 
     dies = json.loads((out / "dies" / "result.json").read_text())
     assert dies["status"] == "failed"
@@ -313,7 +314,7 @@ def test_dry_run_prints_commands_and_launches_nothing(tmp_path, capsys):
 
 def test_example_config_parses():
     path = Path(matrix.__file__).with_name("matrix.example.toml")
-    cfg = matrix.load_config(path)
+    cfg = config.load_config(path)
     names = [c.name for c in cfg.configs]
     assert names == ["target-dp-attn", "dspark-tp", "dspark-dp-attn"]
     dp = cfg.configs[2].command
@@ -357,12 +358,61 @@ BASE = '[[config]]\nname = "a"\ncommand = "sglang serve"\n'
 def test_config_errors_name_the_field(tmp_path, capsys, toml, field):
     path = tmp_path / "bad.toml"
     path.write_text(toml)
-    with pytest.raises(matrix.ConfigError) as info:
-        matrix.load_config(path)
+    with pytest.raises(config.ConfigError) as info:
+        config.load_config(path)
     assert field in str(info.value)
     code = matrix.main(["run", "--config", str(path), "--output-dir", str(tmp_path)])
     assert code == 2
     assert field in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "toml, needle",
+    [
+        ('[settings]\nport = "30000"\n' + BASE, "'settings.port' must be an integer, got '30000'"),
+        ("[settings]\nport = 70000\n" + BASE, "'settings.port' must be <= 65535, got 70000"),
+        ("[settings.gsm8k]\nparallel = 0\n" + BASE, "'settings.gsm8k.parallel' must be >= 1, got 0"),
+        ("[settings.gsm8k]\nenabled = 'yes'\n" + BASE, "'settings.gsm8k.enabled' must be true or false, got 'yes'"),
+        ("[settings]\nenv = { A = true }\n" + BASE, "'settings.env.A' must be a string, got True"),
+        ("[settings]\nbench_serving_cmd = []\n" + BASE, "'settings.bench_serving_cmd' must be a non-empty command (string or list of strings), got []"),
+        ("settings = 3\n" + BASE, "'settings' must be a table, got 3"),
+        (
+            "[settings.bench_serving]\nconcurrencies = [8, 8]\n" + BASE,
+            "'settings.bench_serving.concurrencies' has duplicate values, got [8, 8]",
+        ),
+        ('[[config]]\nname = "a b"\ncommand = "x"\n', "got 'a b'"),
+        ("config = 1\n", "'config' must be a non-empty [[config]] list, got 1"),
+    ],
+    ids=["port-type", "port-range", "parallel", "enabled", "env", "cmd",
+         "settings-table", "duplicates", "name", "config-list"],
+)  # fmt: skip
+def test_config_errors_name_the_value(tmp_path, toml, needle):
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    with pytest.raises(config.ConfigError) as info:
+        config.load_config(path)
+    assert needle in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_matplotlib_only_imported_to_draw(tmp_path):
+    code = (
+        "import sys\n"
+        "from sglang_dspark_dp_bench.gsm8k import matrix, reporting\n"
+        "assert 'matplotlib' not in sys.modules, 'imported too early'\n"
+        "assert matrix.main(['report', '--results-dir', sys.argv[1]]) == 0\n"
+        "assert 'matplotlib' in sys.modules, 'never imported'\n"
+    )
+    pytest.importorskip("matplotlib", reason="matplotlib not installed")
+    results = _recorded_results(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(results)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (results / "report.png").is_file()
 
 
 def test_invalid_toml_and_missing_file(tmp_path, capsys):
