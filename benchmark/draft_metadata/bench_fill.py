@@ -35,7 +35,6 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODES = ("stock", "plugin", "auto")
 SLEEP_MS = 100.0
-CRASH_TEXT = "'NoneType' object is not iterable"
 
 
 # --------------------------------------------------------------------------
@@ -62,29 +61,31 @@ def _percentile(values: list[float], q: float) -> float:
 
 def _apply_mode(mode: str) -> dict[str, Any]:
     """Put the fill in the requested state; say what fill now runs."""
-    from sglang_dspark_dp.srt.speculative import dspark_worker
+    from sglang_dspark_dp.outcome import Outcome
+    from sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft import (
+        REPAIR,
+    )
 
     info: dict[str, Any] = {"mode": mode}
     if mode == "stock":
-        dspark_worker.uninstrument()  # no-op unless something instrumented
+        REPAIR.uninstrument()  # no-op unless something instrumented
     elif mode == "plugin":
-        try:
-            dspark_worker.instrument(apply=True)
-        except dspark_worker.DidNotEnable as exc:
-            info["did_not_enable"] = str(exc)
+        REPAIR.instrument(apply=True)
     elif mode == "auto":
         # What ``sglang serve`` does: load every installed plugin through
         # its entry point (ours only if this repo is pip-installed).
         from sglang.srt.plugins import load_plugins
 
         load_plugins()
-    st = dspark_worker.state()
-    plan = st.plan if dspark_worker.is_instrumented() else None
+    st = REPAIR.status()
+    info["status"] = st.as_dict()
+    if st.outcome is Outcome.NOT_APPLICABLE:
+        info["did_not_enable"] = st.reason
+    plan = REPAIR.plan if REPAIR.instrumented else None
     if plan is None:
         info["fill"] = "stock"
         if mode != "stock":
-            why = "not needed" if st.reason.startswith("not needed") else "not loaded"
-            info["fill"] = f"stock (plugin {why})"
+            info["fill"] = f"stock (plugin {st.outcome.value})"
     elif plan.dp_groups and not plan.dp_calls_stock:
         info["fill"] = "plugin"
     elif plan.dp_groups:
@@ -124,31 +125,44 @@ def _host_ms_behind_busy_gpu(torch: Any, fn: Any, cycles: int, reps: int = 3):
     return statistics.median(out), out
 
 
-def _fill_checks(fb: Any, names: Any, counts: list[int], tokens: int, device):
-    import torch
+#: The fields the fill's own check always reports.
+FILL_FIELDS = ("unscaled", "non_padded", "non_padded_cpu")
 
-    checks: dict[str, str] = {}
-    value = getattr(fb, names.unscaled, None) if names.unscaled else None
-    checks["unscaled"] = (
-        "ok"
-        if value == counts
-        else ("missing" if value is None else f"wrong ({value!r})")
+
+def _gaps(fields: dict[str, Any], *, counts, tokens, width, device_count, device):
+    from sglang_dspark_dp import expectations
+
+    return expectations.check(
+        fields,
+        expectations.expect(
+            tokens=tokens,
+            counts=list(counts),
+            width=width,
+            device_count=device_count,
+            device=device,
+        ),
     )
-    t = getattr(fb, names.non_padded, None) if names.non_padded else None
-    if t is None:
-        checks["non_padded"] = "missing"
-    elif not isinstance(t, torch.Tensor):
-        checks["non_padded"] = f"wrong (not a tensor: {t!r})"
-    elif t.dtype != torch.int32 or t.device.type != torch.device(device).type:
-        checks["non_padded"] = f"wrong ({t.dtype} on {t.device})"
-    elif int(t.item()) != tokens:
-        checks["non_padded"] = f"wrong (value {int(t.item())})"
-    else:
-        checks["non_padded"] = "ok"
-    cpu = getattr(fb, names.non_padded_cpu, None) if names.non_padded_cpu else None
-    checks["non_padded_cpu"] = (
-        "ok" if cpu == tokens else ("missing" if cpu is None else f"wrong ({cpu!r})")
-    )
+
+
+def _fill_checks(fb: Any, names: Any, *, counts, tokens, width, device, device_count):
+    """Each DP/EP field of one filled batch: ok, missing or wrong (why)."""
+    from sglang_dspark_dp import expectations
+
+    fields = expectations.observe(fb, names, read_device=True)
+    checks = {key: "ok" for key in FILL_FIELDS}
+    for gap in _gaps(
+        fields,
+        counts=counts,
+        tokens=tokens,
+        width=width,
+        device_count=device_count,
+        device=device,
+    ):
+        if checks.get(gap.key, "ok") != "ok":
+            continue
+        checks[gap.key] = (
+            "missing" if gap.got is None else f"wrong ({gap.why}; got {gap.got!r})"
+        )
     return checks
 
 
@@ -156,21 +170,20 @@ def _driver_checks(api: Any, names: Any, *, counts: list[int], gamma: int, devic
     """Busy rank 0 and idle rank 1 (``counts[1] == 0``) of one DP decode step
     through real proposers and a real ``can_run_graph`` (device tensors where
     ``device`` is cuda)."""
-    import torch
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.drivers import MAX_CAPTURE_BS
+    from sglang_dspark_dp.drivers.draft import DraftDriver
 
-    from sglang_dspark_dp.drive import DraftDriver, capture_sizes, graph_runner
-    from sglang_dspark_dp.srt.runtime_context import parallel_override
-
-    capture = capture_sizes(128)
+    capture = adapter.capture_sizes(MAX_CAPTURE_BS)
     dp = len(counts)
-    graph = graph_runner(api, dp_size=dp, width=gamma, capture_bs=capture)
+    graph = adapter.graph_runner(api, dp_size=dp, width=gamma, capture_bs=capture)
     out: dict[str, Any] = {"counts": counts}
     for label, rank in (("busy_rank", 0), ("idle_rank", 1)):
         if rank >= dp:
             continue
         res: dict[str, Any] = {"rank": rank}
         try:
-            with parallel_override(
+            with adapter.parallel_override(
                 api.get_parallel, dp_size=dp, dp_rank=rank, ep_size=dp
             ):
                 driver = DraftDriver(
@@ -182,29 +195,24 @@ def _driver_checks(api: Any, names: Any, *, counts: list[int], gamma: int, devic
                     device=device,
                 )
                 seen = driver.step(counts[rank], list(counts))
-            width = driver.width
-            tokens = counts[rank] * width
+                wants_device = api.enable_num_token_non_padded()
             problems = []
             if seen is None:
                 problems.append("no draft forward on this rank")
             else:
-                f = seen.fields
                 if seen.admitted is not (max(counts) <= max(capture)):
                     problems.append(f"admitted={seen.admitted}")
-                if f.get("unscaled") != counts:
-                    problems.append(f"unscaled={f.get('unscaled')!r}")
-                if f.get("scaled_cpu") != [c * width for c in counts]:
-                    problems.append(f"scaled_cpu={f.get('scaled_cpu')!r}")
-                if f.get("non_padded_cpu") != tokens:
-                    problems.append(f"non_padded_cpu={f.get('non_padded_cpu')!r}")
-                dtype, dev, value = f.get("non_padded") or (None, None, None)
-                if (
-                    dtype != torch.int32
-                    or dev is None
-                    or dev.type != torch.device(device).type
-                    or value != tokens
-                ):
-                    problems.append(f"non_padded={(dtype, dev, value)!r}")
+                problems += [
+                    g.render(names)
+                    for g in _gaps(
+                        seen.fields,
+                        counts=counts,
+                        tokens=counts[rank] * driver.width,
+                        width=driver.width,
+                        device_count=wants_device,
+                        device=device,
+                    )
+                ]
             res["ok"] = not problems
             res["problems"] = problems
         except Exception as exc:
@@ -280,16 +288,19 @@ def _explain(api: Any, torch: Any, device: str, *, bs: int, gamma: int, dp: int)
 def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.drivers import builders
     from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
         DraftDPFieldNames,
     )
-    from sglang_dspark_dp.srt.runtime_context import parallel_override
-    from sglang_dspark_dp.srt.speculative import dspark_worker
+    from sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft import (
+        REPAIR,
+    )
 
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is False")
-    api = dspark_worker.load_sglang_api()
+    api = adapter.load_sglang_api()
     result: dict[str, Any] = {
         "sglang": _sglang_version(),
         "torch": torch.__version__,
@@ -299,36 +310,35 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         "params": {"iters": args.iters, "dp": args.dp, "bs": args.bs},
     }
     result.update(_apply_mode(args.mode))
-    st = dspark_worker.state()
     names = (
-        st.probe.names
-        if st.probe is not None
+        REPAIR.probe_result.names
+        if REPAIR.probe_result is not None
         else DraftDPFieldNames.for_forward_batch(api.forward_batch_cls)
     )
-    fill = getattr(api.proposer_cls, dspark_worker.FILL)
+    fill = getattr(api.proposer_cls, adapter.FILL)
     counts = [args.bs] + [
         (args.bs // 2 if r % 2 == 0 else 0) for r in range(1, args.dp)
     ]
-    with parallel_override(
+    with adapter.parallel_override(
         api.get_parallel, dp_size=args.dp, dp_rank=0, ep_size=args.dp
     ):
         result["enable_num_token_non_padded"] = bool(api.enable_num_token_non_padded())
-        proposer = dspark_worker.build_draft_proposer(
+        proposer = builders.build_draft_proposer(
             api,
-            draft_model_runner=dspark_worker._ProbeRunner(torch.device(device)),
+            draft_model_runner=builders.DeviceOnlyRunner(torch.device(device)),
             gamma=args.gamma,
             dp_moe_sync=True,
         )
-        spec = proposer._draft_block_spec_info
-        width = int(spec.num_tokens_per_req)
+        spec = adapter.draft_spec_info(proposer)
+        width = adapter.draft_width(proposer)
         tokens = args.bs * width
         result["params"].update(gamma=args.gamma, width=width, counts=counts)
 
         def new_batches():
-            fb = dspark_worker.make_draft_forward_batch(
+            fb = builders.make_draft_forward_batch(
                 api, bs=args.bs, width=width, spec_info=spec, device=device
             )
-            batch = dspark_worker.make_schedule_batch(
+            batch = builders.make_schedule_batch(
                 api,
                 seq_lens=torch.full((args.bs,), 8, dtype=torch.int64, device=device),
                 global_num_tokens=list(counts),
@@ -389,7 +399,15 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         # Correctness of one fill on fresh batches (read back after timing).
         fb, batch = new_batches()
         call()
-        result["fill_fields"] = _fill_checks(fb, names, counts, tokens, device)
+        result["fill_fields"] = _fill_checks(
+            fb,
+            names,
+            counts=counts,
+            tokens=tokens,
+            width=width,
+            device=device,
+            device_count=result["enable_num_token_non_padded"],
+        )
         if args.explain:
             result["explain"] = _explain(
                 api, torch, device, bs=args.bs, gamma=args.gamma, dp=args.dp

@@ -58,35 +58,33 @@ def _quiet_sglang() -> None:
 # --------------------------------------------------------------------------
 
 
-class _Bar:
+class _Progress:
+    """Progress of the decode steps on stderr (tqdm draws it; off with
+    ``--no-progress``)."""
+
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self._last = -1
-        # Redraw in place on a terminal; in a log, one line every 10%.
-        self._step = 1 if sys.stderr.isatty() else 10
+        self._bar = None
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled or total <= 0:
             return
-        pct = int(100 * done / total) // self._step * self._step
-        if pct == self._last:
-            return
-        self._last = pct
-        if self._step > 1:
-            sys.stderr.write(f"  {pct:3d}%  {done}/{total} steps\n")
-            sys.stderr.flush()
-            return
-        filled = pct * 30 // 100
-        sys.stderr.write(
-            f"\r  [{'#' * filled}{'.' * (30 - filled)}] {pct:3d}%  {done}/{total} steps"
-        )
-        sys.stderr.flush()
-        if done >= total:
-            sys.stderr.write("\n")
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=total,
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                mininterval=0.5 if sys.stderr.isatty() else 10.0,
+            )
+        self._bar.update(done - self._bar.n)
 
     def close(self) -> None:
-        if self.enabled and self._step == 1 and 0 <= self._last < 100:
-            sys.stderr.write("\n")
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
 
 def _tier_rank(tier: str) -> tuple[int, str]:
@@ -125,6 +123,7 @@ def render_tiers(result) -> str:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     _quiet_sglang()
+    from sglang_dspark_dp.expectations import KNOWN_CRASH
     from sglang_dspark_dp.harness import lockstep
 
     ep_sizes = (args.dp,) if args.ep else (1, args.dp)
@@ -137,7 +136,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         port=args.port,
         timeout_s=args.timeout,
     )
-    bar = _Bar(enabled=not args.no_progress)
+    bar = _Progress(enabled=not args.no_progress)
     print(
         f"verify: {cfg.dp} simulated DP ranks (gloo, CPU), {cfg.steps} decode steps "
         f"per EP tier, EP {' and '.join(map(str, ep_sizes))}, seed {cfg.seed}, "
@@ -170,12 +169,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     f = result.failure
-    if f.kind == "crash" and "not iterable" in f.detail:
+    if f.kind == "crash" and KNOWN_CRASH in f.detail:
         print(
             "verify: FAILED: stock DSpark crashes under DP attention: its hand-built "
             "draft batch has no original_global_num_tokens_cpu, so "
             "DecodeCudaGraphRunner.can_run_graph fails with "
-            "\"TypeError: 'NoneType' object is not iterable\" "
+            f'"TypeError: {KNOWN_CRASH}" '
             f"(step {f.step}, EP {f.ep}, DP rank {f.rank}; {head}). "
             "Install or enable the plugin to repair it."
         )
@@ -192,12 +191,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def doctor_report() -> dict[str, Any]:
     from importlib import metadata
 
+    from sglang_dspark_dp import adapter, registry
+    from sglang_dspark_dp.outcome import DidNotEnable, Outcome
     from sglang_dspark_dp.package import (
         _instruments,
         installed_sglang_version,
         version_supported,
     )
-    from sglang_dspark_dp.srt.speculative import dspark_worker
+    from sglang_dspark_dp.plugin import ENTRY_POINT, PLUGIN_GROUP, PLUGIN_NAME
+    from sglang_dspark_dp.srt.speculative.dspark_dp_guard import guard_enabled
 
     version = installed_sglang_version()
     report: dict[str, Any] = {
@@ -212,10 +214,9 @@ def doctor_report() -> dict[str, Any]:
         "repair_applied": False,
         "repair": None,
         "reason": None,
-        "guard": dspark_worker.guard_enabled(),
+        "guard": guard_enabled(),
+        "repairs": [],
     }
-    from sglang_dspark_dp.plugin import ENTRY_POINT, PLUGIN_GROUP, PLUGIN_NAME
-
     eps = metadata.entry_points(group=PLUGIN_GROUP)
     report["entry_point_registered"] = any(
         ep.name == PLUGIN_NAME and ep.value == ENTRY_POINT for ep in eps
@@ -224,9 +225,9 @@ def doctor_report() -> dict[str, Any]:
         report["reason"] = "sglang is not installed"
         return report
     try:
-        api = dspark_worker.load_sglang_api()
+        adapter.load_sglang_api()
         report["dspark_present"] = True
-    except dspark_worker.DidNotEnable as exc:
+    except DidNotEnable as exc:
         report["reason"] = str(exc)
         return report
     try:
@@ -235,39 +236,45 @@ def doctor_report() -> dict[str, Any]:
         load_plugins()
     except Exception as exc:  # report, never crash
         report["reason"] = f"load_plugins() failed: {exc}"
-    state = dspark_worker.state()
-    report["plugin_loaded"] = state.plan is not None
-    try:
-        probe = state.probe or dspark_worker.probe(api)
-    except dspark_worker.DidNotEnable as exc:
-        report["reason"] = str(exc)
-        return report
-    report["bug_detected"] = probe.affected
-    report["missing_fields"] = {
-        "dp_attention_path": list(probe.missing_dp),
-        "attention_tp_path": list(probe.missing_local),
-    }
-    report["repair_applied"] = dspark_worker.is_instrumented()
-    if state.plan is not None:
-        report["repair"] = state.plan.describe()
-        report["guard"] = state.plan.guard
-    if report["reason"] is None:
-        if report["repair_applied"]:
-            report["reason"] = "applied"
-        elif not probe.affected:
-            report["reason"] = "not needed: the stock draft batch is complete"
-        elif not report["entry_point_registered"]:
-            report["reason"] = (
-                "not loaded: the entry point is not registered (reinstall the package)"
-            )
+    statuses = registry.status()
+    loaded = any(s.outcome is not Outcome.NOT_INSTRUMENTED for s in statuses)
+    report["plugin_loaded"] = loaded
+    if not loaded and report["reason"] is None:
+        if not report["entry_point_registered"]:
+            why = "the entry point is not registered (reinstall the package)"
         elif not _whitelisted(PLUGIN_GROUP, PLUGIN_NAME):
-            report["reason"] = (
-                f"not loaded: SGLANG_PLUGINS={os.environ.get('SGLANG_PLUGINS')!r} "
+            why = (
+                f"SGLANG_PLUGINS={os.environ.get('SGLANG_PLUGINS')!r} "
                 f"does not list {PLUGIN_NAME}"
             )
         else:
-            report["reason"] = state.reason
+            why = "load_plugins() did not call it"
+        report["reason"] = f"not loaded: {why}"
+    report["repairs"] = [s.as_dict() for s in statuses]
+    draft = registry.repair("draft-batch")
+    try:
+        found = draft.probe_result or _probe_draft(draft)
+    except DidNotEnable as exc:
+        report["reason"] = report["reason"] or str(exc)
+        return report
+    report["bug_detected"] = found.affected
+    report["missing_fields"] = {
+        "dp_attention_path": list(found.missing_dp),
+        "attention_tp_path": list(found.missing_local),
+    }
+    report["repair_applied"] = draft.instrumented
+    if draft.plan is not None:
+        report["repair"] = draft.plan.describe()
+        report["guard"] = draft.plan.guard
+    if report["reason"] is None:
+        report["reason"] = draft.status().reason
     return report
+
+
+def _probe_draft(draft) -> Any:
+    from importlib import import_module
+
+    return import_module(type(draft).__module__).probe()
 
 
 def _whitelisted(group: str, name: str) -> bool:
@@ -312,21 +319,24 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 "  attention-TP path missing",
                 ", ".join(missing.get("attention_tp_path", [])) or "-",
             ),
-            ("repair applied", f"{yn(report['repair_applied'])} ({report['reason']})"),
-            ("repair", report["repair"] or "-"),
-            ("guard (SGLANG_DSPARK_DP_CHECK)", "on" if report["guard"] else "off"),
         ]
+        for st in report["repairs"]:
+            rows.append((f"repair {st['repair']}", f"{st['outcome']}: {st['reason']}"))
+        if not report["repairs"]:
+            rows.append(("repairs", report["reason"] or "-"))
+        rows.append(("draft-batch plan", report["repair"] or "-"))
+        rows.append(
+            ("guard (SGLANG_DSPARK_DP_CHECK)", "on" if report["guard"] else "off")
+        )
         w = max(len(k) for k, _ in rows)
         for k, v in rows:
             print(f"{k:<{w}}  {v}")
-    healthy = report["dspark_present"] and (
-        report["repair_applied"] or report["bug_detected"] is False
+    if not report["dspark_present"]:
+        return EXIT_CANNOT
+    healthy = report["plugin_loaded"] and all(
+        st["outcome"] in ("enabled", "not needed") for st in report["repairs"]
     )
-    return (
-        EXIT_OK
-        if healthy
-        else (EXIT_CANNOT if not report["dspark_present"] else EXIT_FAIL)
-    )
+    return EXIT_OK if healthy else EXIT_FAIL
 
 
 # --------------------------------------------------------------------------
@@ -336,31 +346,38 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_repro(args: argparse.Namespace) -> int:
     _quiet_sglang()
-    from sglang_dspark_dp.drive import DraftDriver, capture_sizes, graph_runner
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.drivers import DRAFT_WIDTH, MAX_CAPTURE_BS
+    from sglang_dspark_dp.drivers.draft import DraftDriver
+    from sglang_dspark_dp.outcome import DidNotEnable
     from sglang_dspark_dp.package import installed_sglang_version
-    from sglang_dspark_dp.srt.runtime_context import parallel_override
-    from sglang_dspark_dp.srt.speculative import dspark_worker
+    from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
+        DraftDPFieldNames,
+    )
+    from sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft import (
+        REPAIR,
+    )
 
     try:
-        api = dspark_worker.load_sglang_api()
-    except dspark_worker.DidNotEnable as exc:
+        api = adapter.load_sglang_api()
+    except DidNotEnable as exc:
         _err(f"cannot run: {exc}")
         return EXIT_CANNOT
-    dp, gamma = args.dp, 4
+    dp, gamma = args.dp, DRAFT_WIDTH
     counts = [3 if r % 2 == 0 else 0 for r in range(dp)]
-    capture = capture_sizes(128)
+    capture = adapter.capture_sizes(MAX_CAPTURE_BS)
     print(
         f"sglang {installed_sglang_version()}: one decode step, {dp} DP ranks, EP {dp}, "
         f"per-rank requests {counts}, draft block width {gamma}\n"
     )
+    names = DraftDPFieldNames.for_forward_batch(api.forward_batch_cls)
 
     def step(label: str) -> bool:
-        names = dspark_worker.DraftDPFieldNames.for_forward_batch(api.forward_batch_cls)
-        graph = graph_runner(api, dp_size=dp, width=gamma, capture_bs=capture)
+        graph = adapter.graph_runner(api, dp_size=dp, width=gamma, capture_bs=capture)
         print(f"--- {label}")
         ok = True
         for rank in range(dp):
-            with parallel_override(
+            with adapter.parallel_override(
                 api.get_parallel, dp_size=dp, dp_rank=rank, ep_size=dp
             ):
                 driver = DraftDriver(
@@ -371,7 +388,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
                     seen = driver.step(counts[rank], counts)
                 except Exception as exc:
                     print(
-                        f"  rank {rank} ({path}): CRASH in can_run_graph: {type(exc).__name__}: {exc}"
+                        f"  rank {rank} ({path}): CRASH in can_run_graph: "
+                        f"{type(exc).__name__}: {exc}"
                     )
                     ok = False
                     continue
@@ -380,27 +398,29 @@ def cmd_repro(args: argparse.Namespace) -> int:
                 dev_s = (
                     "None"
                     if dev is None
-                    else f"{dev[2]} ({str(dev[0]).replace('torch.', '')}, {dev[1]})"
+                    else f"{dev.value} ({str(dev.dtype).replace('torch.', '')}, "
+                    f"{dev.device})"
                 )
                 print(
                     f"  rank {rank} ({path}): graph={'yes' if seen.admitted else 'no'}  "
                     f"original_global_num_tokens_cpu={f.get('unscaled')}  "
                     f"global_num_tokens_cpu={f.get('scaled_cpu')}  "
-                    f"num_token_non_padded={dev_s}  num_token_non_padded_cpu={f.get('non_padded_cpu')}"
+                    f"num_token_non_padded={dev_s}  "
+                    f"num_token_non_padded_cpu={f.get('non_padded_cpu')}"
                 )
         print()
         return ok
 
-    dspark_worker.uninstrument()
+    REPAIR.uninstrument()
     stock_ok = step("stock SGLang (no plugin)")
-    try:
-        plan = dspark_worker.instrument(apply=True)
-    except dspark_worker.DidNotEnable as exc:
-        _err(f"the repair cannot apply: {exc}")
+    st = REPAIR.instrument(apply=True)
+    if not st.healthy:
+        _err(f"the repair cannot apply: {st.reason}")
         return EXIT_CANNOT
-    fixed_ok = step(f"with sglang-dspark-dp ({plan.describe()})")
+    fixed_ok = step(f"with sglang-dspark-dp ({REPAIR.plan.describe()})")
     print(
-        f"stock: {'ok' if stock_ok else 'crashes'}; with the plugin: {'ok' if fixed_ok else 'crashes'}"
+        f"stock: {'ok' if stock_ok else 'crashes'}; "
+        f"with the plugin: {'ok' if fixed_ok else 'crashes'}"
     )
     return EXIT_OK if fixed_ok else EXIT_FAIL
 

@@ -2,18 +2,18 @@
 
 ``sglang serve`` (and every scheduler process) calls
 ``sglang.srt.plugins.load_plugins()``, which calls :func:`register` and then
-``HookRegistry.apply_hooks()``. :func:`register` never raises: if the repair
-cannot apply it logs one line saying why and returns, and SGLang starts
-exactly as it would without the plugin. ``SGLANG_PLUGINS=dspark_dp`` (or any
-list without it) whitelists plugins as SGLang documents.
+``HookRegistry.apply_hooks()``. :func:`register` walks the registry of
+repairs and logs one line per repair (enabled, not needed, or not
+applicable and why). It never raises: a repair that cannot apply changes
+nothing, and SGLang starts exactly as it would without the plugin.
+``SGLANG_PLUGINS=dspark_dp`` (or any list without it) whitelists plugins as
+SGLang documents.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-
-from sglang_dspark_dp.package import installed_sglang_version, missing_runtime
 
 logger = logging.getLogger("sglang_dspark_dp")
 
@@ -26,7 +26,7 @@ ENTRY_POINT = "sglang_dspark_dp.plugin:register"
 
 def _ensure_visible() -> None:
     # load_plugins() runs before SGLang configures logging; without a handler
-    # our one INFO line would be dropped by logging's last-resort handler.
+    # our INFO lines would be dropped by logging's last-resort handler.
     if not logging.getLogger().handlers and not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s"))
@@ -36,34 +36,24 @@ def _ensure_visible() -> None:
 
 
 def register() -> None:
-    """Probe the installed SGLang and register the repair hook if needed."""
+    """Register every repair the installed SGLang needs (hooks are applied
+    by ``load_plugins()`` right after)."""
     _ensure_visible()
+    from sglang_dspark_dp.package import missing_runtime
+
     missing = missing_runtime()
-    if missing is not None:
+    if missing is not None:  # the wrong venv: one line, not one per repair
         logger.warning("sglang-dspark-dp: not applied: %s; nothing patched", missing)
         return
-    version = installed_sglang_version() or "unknown"
     try:
-        from sglang_dspark_dp.srt.speculative import dspark_worker
+        from sglang_dspark_dp import registry
 
-        plan = dspark_worker.instrument(apply=False)
-    except Exception as exc:  # DidNotEnable, or anything unforeseen
-        logger.warning("sglang-dspark-dp: not applied on sglang %s: %s", version, exc)
+        statuses = registry.instrument(apply=False)
+    except Exception as exc:  # never crash a server over the plugin
+        logger.warning("sglang-dspark-dp: not applied: %s: %s", type(exc).__name__, exc)
         return
-    probe = dspark_worker.state().probe
-    if not plan.patches:
-        logger.info(
-            "sglang-dspark-dp: not needed on sglang %s: the DSpark draft batch "
-            "already carries its DP/EP metadata; nothing patched",
-            version,
-        )
-        return
-    missing = sorted(set(probe.missing_dp) | set(probe.missing_local))
-    logger.info(
-        "sglang-dspark-dp: repairing the DSpark draft batch on sglang %s "
-        "(missing: %s; %s; guard %s)",
-        version,
-        ", ".join(missing) or "none",
-        plan.describe(),
-        "on" if plan.guard else "off",
-    )
+    for st in statuses:
+        if st.healthy:
+            logger.info("%s", st.line())
+        else:
+            logger.warning("%s; nothing patched", st.line())

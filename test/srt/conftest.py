@@ -25,37 +25,38 @@ def sglang_version() -> str:
 
 @pytest.fixture(scope="session")
 def api():
-    from sglang_dspark_dp.srt.speculative import dspark_worker
+    from sglang_dspark_dp import adapter
 
-    return dspark_worker.load_sglang_api()
+    return adapter.load_sglang_api()
 
 
 @pytest.fixture(scope="session")
 def plugin(api):
-    """The plugin loaded the way ``sglang serve`` loads it."""
+    """The draft-batch repair, loaded the way ``sglang serve`` loads it."""
     from sglang.srt.plugins import load_plugins
 
-    from sglang_dspark_dp.srt.speculative import dspark_worker
+    from sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft import (
+        REPAIR,
+    )
 
     os.environ.pop("SGLANG_PLUGINS", None)
     load_plugins()
-    return dspark_worker.state()
+    return REPAIR
 
 
 @pytest.fixture
 def stock(plugin):
     """Run a test against stock SGLang: uninstrument, then instrument again."""
-    from sglang_dspark_dp.srt.speculative import dspark_worker
 
     @contextlib.contextmanager
     def without_plugin():
-        was = dspark_worker.is_instrumented()
-        dspark_worker.uninstrument()
+        was = plugin.instrumented
+        plugin.uninstrument()
         try:
             yield
         finally:
             if was:
-                dspark_worker.instrument(apply=True)
+                plugin.instrument(apply=True)
 
     return without_plugin
 

@@ -10,32 +10,34 @@ set with ``get_parallel().override(...)``, and the plugin is loaded with
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+from known_releases import known as known_release
 
-from sglang_dspark_dp.drive import DraftDriver, capture_sizes, graph_runner, padded_bs
-from sglang_dspark_dp.srt.runtime_context import parallel_override
-from sglang_dspark_dp.srt.speculative import dspark_worker
+from sglang_dspark_dp import adapter
+from sglang_dspark_dp.adapter import parallel_override
+from sglang_dspark_dp.drivers import DRAFT_WIDTH, MAX_CAPTURE_BS, builders
+from sglang_dspark_dp.drivers.draft import (
+    DraftDriver,
+    capture_sizes,
+    graph_runner,
+    padded_bs,
+)
+from sglang_dspark_dp.expectations import KNOWN_CRASH
+from sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft import REPAIR
 
-GAMMA = 4
-MAX_BS = 128
+GAMMA = DRAFT_WIDTH
+MAX_BS = MAX_CAPTURE_BS
 CAPTURE = capture_sizes(MAX_BS)
 SIZES = [*CAPTURE, MAX_BS + 1]
 DP_SIZES = (2, 4, 8)
 EP = {"ep_off": 1, "ep_on": None}  # None: EP = DP size (--ep N)
 
-# How each release's stock builder behaves, as the probe must find it. A
-# release whose behaviour changes fails here instead of being silently
-# re-classified.
-KNOWN = {
-    "0.5.16": {"dp": True, "local": True},
-    "0.5.17": {"dp": False, "local": True},
-    "0.5.23": {"dp": False, "local": False},
-}
-
 
 def make_drivers(api, plugin, *, dp: int, ep: int):
-    names = plugin.probe.names
+    names = plugin.probe_result.names
     graph = graph_runner(api, dp_size=dp, width=GAMMA, capture_bs=CAPTURE)
     drivers = []
     for rank in range(dp):
@@ -62,19 +64,19 @@ def step_all(api, drivers, counts, *, ep: int):
 
 def stock_scaled(api, plugin, driver, counts):
     """The scaled counts as SGLang's own stock fill computes them."""
-    fb = dspark_worker.make_draft_forward_batch(
+    fb = builders.make_draft_forward_batch(
         api,
         bs=1,
         width=GAMMA,
         spec_info=driver.proposer._draft_block_spec_info,
         device="cpu",
     )
-    batch = dspark_worker.make_schedule_batch(
+    batch = builders.make_schedule_batch(
         api,
         seq_lens=torch.full((1,), 8, dtype=torch.int64),
         global_num_tokens=list(counts),
     )
-    fill = getattr(api.proposer_cls, dspark_worker.FILL)
+    fill = getattr(api.proposer_cls, adapter.FILL)
     fill = getattr(fill, "__wrapped__", fill)
     fill(driver.proposer, fb, batch)
     return (
@@ -122,11 +124,11 @@ def check_step(api, plugin, drivers, counts, *, ep: int, graph_ok: bool = True):
         assert f["unscaled"] == counts, where
         assert f["scaled_cpu"] == scaled_cpu == [c * width for c in counts], where
         assert f["scaled_logprob_cpu"] == scaled_lp_cpu, where
-        assert f["scaled_gpu"][2] == scaled_gpu, where
+        assert f["scaled_gpu"].value == scaled_gpu, where
         tokens = counts[rank] * width
         assert f["non_padded_cpu"] == tokens, where
         if want_device:
-            dtype, device, value = f["non_padded"]
+            dtype, device, _shape, value = f["non_padded"]
             assert dtype == torch.int32, where
             assert device == torch.device(drivers[rank].runner.device), where
             assert value == tokens, where
@@ -173,7 +175,7 @@ def test_attention_tp_without_dp_attention_with_ep(api, plugin, attn_tp):
     """``--tp N --ep N`` without DP attention: the proposer skips the DP
     fill, yet the EP MoE still needs the non-padded counts."""
     graph = graph_runner(api, dp_size=1, width=GAMMA, capture_bs=CAPTURE)
-    names = plugin.probe.names
+    names = plugin.probe_result.names
     for bs in (1, 7, MAX_BS, MAX_BS + 1):
         for rank in range(attn_tp):
             topo = dict(
@@ -187,7 +189,7 @@ def test_attention_tp_without_dp_attention_with_ep(api, plugin, attn_tp):
             f = seen.fields
             assert seen.admitted is (bs <= MAX_BS)
             assert f["non_padded_cpu"] == bs * GAMMA
-            dtype, device, value = f["non_padded"]
+            dtype, device, _shape, value = f["non_padded"]
             assert (dtype, device, value) == (
                 torch.int32,
                 torch.device("cpu"),
@@ -197,22 +199,22 @@ def test_attention_tp_without_dp_attention_with_ep(api, plugin, attn_tp):
 
 
 def test_probe_matches_known_release_behaviour(plugin, sglang_version):
-    known = KNOWN.get(sglang_version)
+    known = known_release(sglang_version)
     if known is None:
         pytest.skip(f"no recorded behaviour for sglang {sglang_version}")
-    assert bool(plugin.probe.missing_dp) is known["dp"]
-    assert bool(plugin.probe.missing_local) is known["local"]
-    assert dspark_worker.is_instrumented() is (known["dp"] or known["local"])
+    assert bool(plugin.probe_result.missing_dp) is known["dp"]
+    assert bool(plugin.probe_result.missing_local) is known["local"]
+    assert REPAIR.instrumented is (known["dp"] or known["local"])
 
 
 def test_stock_crash_reproduces_where_expected(api, plugin, stock, sglang_version):
     """On 0.5.16 stock SGLang must still crash in ``can_run_graph``: if it
     ever stops, this test says so."""
-    known = KNOWN.get(sglang_version)
+    known = known_release(sglang_version)
     if known is None:
         pytest.skip(f"no recorded behaviour for sglang {sglang_version}")
     with stock():
-        assert not dspark_worker.is_instrumented()
+        assert not REPAIR.instrumented
         for path_bs in (3, 0):  # busy path, then idle path
             drivers = make_drivers(api, plugin, dp=2, ep=2)
             rank = 0 if path_bs else 1
@@ -221,9 +223,7 @@ def test_stock_crash_reproduces_where_expected(api, plugin, stock, sglang_versio
                 api.get_parallel, dp_size=2, dp_rank=rank, ep_size=2
             ):
                 if known["dp"]:
-                    with pytest.raises(
-                        TypeError, match="'NoneType' object is not iterable"
-                    ):
+                    with pytest.raises(TypeError, match=re.escape(KNOWN_CRASH)):
                         drivers[rank].step(path_bs, counts)
                 else:
                     seen = drivers[rank].step(path_bs, counts)
@@ -233,7 +233,7 @@ def test_stock_crash_reproduces_where_expected(api, plugin, stock, sglang_versio
 def test_stock_attention_tp_leaves_non_padded_unset_where_expected(
     api, plugin, stock, sglang_version
 ):
-    known = KNOWN.get(sglang_version)
+    known = known_release(sglang_version)
     if known is None:
         pytest.skip(f"no recorded behaviour for sglang {sglang_version}")
     graph = graph_runner(api, dp_size=1, width=GAMMA, capture_bs=CAPTURE)
@@ -244,13 +244,13 @@ def test_stock_attention_tp_leaves_non_padded_unset_where_expected(
                 gamma=GAMMA,
                 dp_moe_sync=False,
                 graph=graph,
-                names=plugin.probe.names,
+                names=plugin.probe_result.names,
             )
             seen = driver.step(5, None)
     if known["local"]:
         assert seen.fields["non_padded"] is None
     else:
-        assert seen.fields["non_padded"][2] == 5 * GAMMA
+        assert seen.fields["non_padded"].value == 5 * GAMMA
 
 
 @pytest.mark.parametrize("path", ["dp", "local"])
@@ -261,7 +261,7 @@ def test_untouched_paths_are_identical_with_and_without_plugin(
     groups = plugin.plan.dp_groups if path == "dp" else plugin.plan.local_groups
     if groups:
         pytest.skip(f"this SGLang needs the {path} path repaired")
-    names = plugin.probe.names
+    names = plugin.probe_result.names
 
     def run():
         out = []
@@ -306,7 +306,7 @@ def test_sglang_unit_test_style_patch_reaches_the_repair(api, plugin):
     )
     proposer.draft_model_runner = SimpleNamespace(device="cpu")
     proposer._num_token_non_padded = None  # what newer __init__s set; unused
-    fb = dspark_worker.make_draft_forward_batch(
+    fb = builders.make_draft_forward_batch(
         api, bs=2, width=GAMMA, spec_info=proposer._draft_block_spec_info, device="cpu"
     )
     batch = SimpleNamespace(
@@ -317,7 +317,7 @@ def test_sglang_unit_test_style_patch_reaches_the_repair(api, plugin):
         is_extend_in_batch=False,
         dp_spec_prefill_coordination_applied=False,
     )
-    names = plugin.probe.names
+    names = plugin.probe_result.names
     with mock.patch.object(where, "enable_num_token_non_padded", return_value=True):
         proposer._fill_dp_moe_sync_metadata(fb, batch)
     count = getattr(fb, names.non_padded)

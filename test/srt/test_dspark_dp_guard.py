@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_dspark_dp.drive import DraftDriver
-from sglang_dspark_dp.srt.runtime_context import parallel_override
-from sglang_dspark_dp.srt.speculative import dspark_worker
+from sglang_dspark_dp.adapter import parallel_override
+from sglang_dspark_dp.drivers import builders
+from sglang_dspark_dp.drivers.draft import DraftDriver
+from sglang_dspark_dp.srt.speculative import dspark_dp_guard
+from sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft import REPAIR
 from sglang_dspark_dp.srt.speculative.dspark_dp_guard import (
     DSparkDPMetadataError,
     check_draft_batch,
@@ -17,26 +19,26 @@ from sglang_dspark_dp.srt.speculative.dspark_dp_guard import (
 @pytest.fixture
 def guarded(plugin):
     """The plugin re-instrumented with the guard on, as the env var does."""
-    dspark_worker.uninstrument()
-    plan = dspark_worker.instrument(apply=True, guard=True)
+    REPAIR.uninstrument()
+    REPAIR.instrument(apply=True, guard=True)
     try:
-        yield plan
+        yield REPAIR.plan
     finally:
-        dspark_worker.uninstrument()
-        dspark_worker.instrument(apply=True)
+        REPAIR.uninstrument()
+        REPAIR.instrument(apply=True)
 
 
 def test_guard_is_off_by_default(plugin, monkeypatch):
-    monkeypatch.delenv(dspark_worker.GUARD_ENV, raising=False)
-    assert dspark_worker.guard_enabled() is False
+    monkeypatch.delenv(dspark_dp_guard.GUARD_ENV, raising=False)
+    assert dspark_dp_guard.guard_enabled() is False
     assert plugin.plan.guard is False
-    monkeypatch.setenv(dspark_worker.GUARD_ENV, "1")
-    assert dspark_worker.guard_enabled() is True
+    monkeypatch.setenv(dspark_dp_guard.GUARD_ENV, "1")
+    assert dspark_dp_guard.guard_enabled() is True
 
 
 def test_guard_passes_healthy_steps(api, guarded):
-    assert guarded.guard and dspark_worker.is_instrumented()
-    names = dspark_worker.state().probe.names
+    assert guarded.guard and REPAIR.instrumented
+    names = REPAIR.probe_result.names
     for rank, bs in enumerate([5, 0, 2, 0]):
         with parallel_override(api.get_parallel, dp_size=4, dp_rank=rank, ep_size=4):
             driver = DraftDriver(api, gamma=4, dp_moe_sync=True, names=names)
@@ -65,11 +67,11 @@ def real_batch(api, names, *, counts, rank, bs):
     ],
 )
 def test_guard_names_field_rank_and_values(api, plugin, field, corrupt, message):
-    names = plugin.probe.names
+    names = plugin.probe_result.names
     counts = [3, 1]
     driver, fb = real_batch(api, names, counts=counts, rank=1, bs=1)
     # The repaired batch is valid ...
-    batch = dspark_worker.make_schedule_batch(
+    batch = builders.make_schedule_batch(
         api, seq_lens=torch.full((1,), 8, dtype=torch.int64), global_num_tokens=counts
     )
     with parallel_override(api.get_parallel, dp_size=2, dp_rank=1, ep_size=2):
@@ -86,12 +88,12 @@ def test_guard_names_field_rank_and_values(api, plugin, field, corrupt, message)
 
 
 def test_an_unknown_guard_value_means_off_and_says_so_once(monkeypatch, caplog):
-    monkeypatch.setenv(dspark_worker.GUARD_ENV, "maybe")
+    monkeypatch.setenv(dspark_dp_guard.GUARD_ENV, "maybe")
     with caplog.at_level("WARNING", logger="sglang_dspark_dp"):
-        assert dspark_worker.guard_enabled() is False
-        assert dspark_worker.guard_enabled() is False
+        assert dspark_dp_guard.guard_enabled() is False
+        assert dspark_dp_guard.guard_enabled() is False
     said = [r.getMessage() for r in caplog.records if "maybe" in r.getMessage()]
     assert len(said) == 1, said
-    assert dspark_worker.GUARD_ENV in said[0] and "stays off" in said[0]
-    monkeypatch.setenv(dspark_worker.GUARD_ENV, "on")
-    assert dspark_worker.guard_enabled() is True
+    assert dspark_dp_guard.GUARD_ENV in said[0] and "stays off" in said[0]
+    monkeypatch.setenv(dspark_dp_guard.GUARD_ENV, "on")
+    assert dspark_dp_guard.guard_enabled() is True

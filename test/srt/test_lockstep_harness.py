@@ -8,11 +8,12 @@ import socket
 import time
 
 import pytest
-from srt_helpers import SOAK_SUMMARIES, run_python
+from known_releases import known
+from srt_helpers import SOAK_SUMMARIES
 
+from sglang_dspark_dp.expectations import KNOWN_CRASH
 from sglang_dspark_dp.harness import churn, lockstep
-
-KNOWN_DP_BROKEN = {"0.5.16": True, "0.5.17": False, "0.5.23": False}
+from sglang_dspark_dp.srt.speculative.dspark_components import dspark_draft
 
 
 def no_children_left():
@@ -73,13 +74,13 @@ def test_churn_covers_the_reported_reproduction():
 
 
 def test_no_fix_shows_the_stock_crash_where_expected(plugin, sglang_version):
-    if sglang_version not in KNOWN_DP_BROKEN:
+    if known(sglang_version) is None:
         pytest.skip(f"no recorded behaviour for sglang {sglang_version}")
     result = lockstep.run(lockstep.RunConfig(dp=4, ep_sizes=(4,), steps=40, fix=False))
-    if KNOWN_DP_BROKEN[sglang_version]:
+    if known(sglang_version)["dp"]:
         assert result.failure is not None
         assert result.failure.kind == "crash"
-        assert "'NoneType' object is not iterable" in result.failure.detail
+        assert KNOWN_CRASH in result.failure.detail
         assert result.failure.step == 0
     else:
         assert result.failure is None, result.failure.render()
@@ -110,129 +111,54 @@ def test_a_rank_that_dies_ends_the_run_cleanly(plugin, monkeypatch):
     assert no_children_left()
 
 
-CLI = "import sys; from sglang_dspark_dp.cli import main; sys.exit(main({argv!r}))"
-
-
-def cli(argv, **env):
-    return run_python(CLI.format(argv=list(argv)), env=env)
-
-
-def test_cli_verify_exit_codes(plugin, sglang_version):
-    ok = cli(["verify", "--steps", "30", "--dp", "2", "--no-progress"])
-    assert ok.returncode == 0, ok.stdout + ok.stderr[-2000:]
-    assert "verify: OK" in ok.stdout
-    assert "graph-size tier" in ok.stdout and "ranks agree" in ok.stdout
-    bad = cli(["verify", "--dp", "0"])
-    assert bad.returncode == 2 and "--dp must be between 2 and 16, got 0" in bad.stderr
-    if KNOWN_DP_BROKEN.get(sglang_version):
-        nofix = cli(
-            ["verify", "--steps", "10", "--dp", "2", "--no-fix", "--no-progress"]
-        )
-        assert nofix.returncode == 1, nofix.stdout + nofix.stderr[-2000:]
-        assert "stock DSpark crashes under DP attention" in nofix.stdout
-        assert "Traceback" not in nofix.stdout + nofix.stderr
-
-
-def test_cli_doctor_json(plugin):
-    import json
-
-    proc = cli(["doctor", "--json"])
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
-    report = json.loads(proc.stdout)
-    assert report["dspark_present"] is True
-    assert report["entry_point_registered"] is True
-    assert report["plugin_loaded"] is True
-    assert report["bug_detected"] is plugin.probe.affected
-    assert report["repair_applied"] is plugin.plan.patches
-    assert report["guard"] is False
-    guarded = cli(["doctor", "--json"], SGLANG_DSPARK_DP_CHECK="1")
-    assert json.loads(guarded.stdout)["guard"] is True
-
-
-def test_cli_doctor_without_dspark():
-    code = (
-        "import sys\n"
-        "sys.modules['sglang.srt.speculative.dspark_components.dspark_draft'] = None\n"
-        + CLI.format(argv=["doctor"])
-    )
-    proc = run_python(code)
-    assert proc.returncode == 2
-    assert "DSpark present" in proc.stdout and "no DSpark draft module" in proc.stdout
-    assert "Traceback" not in proc.stderr
-
-
-def test_cli_verify_without_dspark_exits_2():
-    code = (
-        "import sys\n"
-        "sys.modules['sglang.srt.speculative.dspark_components.dspark_draft'] = None\n"
-        + CLI.format(argv=["verify", "--steps", "5"])
-    )
-    proc = run_python(code)
-    assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
-    assert "cannot run" in proc.stderr and "no DSpark draft module" in proc.stderr
-
-
-def decision(admitted=1, bucket=4, padded=16, cpu=0, dev=-1, max_unscaled=4, count=0):
-    return [1, admitted, bucket, padded, cpu, dev, max_unscaled, count]
+def decision(admitted=1, bucket=4, padded=16, cpu=0, gaps=0, count=0):
+    return [1, admitted, bucket, padded, cpu, gaps, count]
 
 
 def test_judge_names_step_rank_and_values():
     counts, width = [4, 0], 4
     good = [decision(cpu=16, count=4), decision(cpu=0)]
-    assert lockstep._judge(7, 2, good, counts, False, width) is None
+    assert lockstep._judge(7, 2, good, counts, width) is None
     split = [decision(cpu=16, count=4), decision(admitted=0, bucket=0, cpu=0)]
-    f = lockstep._judge(7, 2, split, counts, False, width)
+    f = lockstep._judge(7, 2, split, counts, width)
     assert (f.kind, f.step, f.ep, f.rank) == ("disagreement", 7, 2, 1)
     assert "admitted" in f.detail and f.values["admitted"] == [1, 0]
     assert "step 7 (EP 2, rank 1)" in f.render()
-    wrong = [decision(cpu=15, count=4), decision(cpu=0)]
-    f = lockstep._judge(3, 1, wrong, counts, False, width)
-    assert (f.kind, f.rank, f.values["expected"], f.values["got"]) == (
-        "wrong value",
-        0,
-        16,
-        15,
-    )
-    device = [decision(cpu=16, dev=0, count=4), decision(cpu=0, dev=0)]
-    f = lockstep._judge(3, 2, device, counts, True, width)
-    assert f.kind == "wrong value" and "device" in f.detail and f.rank == 0
-    crashed = [decision(cpu=16, count=4), [0, 0, 0, 0, -1, -1, -1, 0]]
-    f = lockstep._judge(0, 1, crashed, counts, False, width)
+    wrong = [decision(cpu=16, count=4), decision(cpu=0, gaps=2)]
+    f = lockstep._judge(3, 1, wrong, counts, width)
+    assert (f.kind, f.rank) == ("wrong value", 1) and "2 field(s)" in f.detail
+    short = [decision(cpu=15, count=4), decision(cpu=0)]
+    f = lockstep._judge(3, 2, short, counts, width)
+    assert f.kind == "wrong value" and "EP accounting" in f.detail
+    assert (f.values["expected"], f.values["got"]) == (16, 15)
+    crashed = [decision(cpu=16, count=4), [0, 0, 0, 0, -1, 0, 0]]
+    f = lockstep._judge(0, 1, crashed, counts, width)
     assert (f.kind, f.rank) == ("crash", 1)
+
+
+def test_a_wrong_field_is_named_with_the_rank(plugin, monkeypatch):
+    """A fill that leaves one rank's host count wrong fails the run with the
+    field and the rank, gathered from the rank that saw it."""
+    from sglang_dspark_dp.srt.model_executor import forward_batch_info as fbi
+
+    real = fbi.derive_draft_dp_metadata
+
+    def off_by_one(forward_batch, batch, **kw):
+        real(forward_batch, batch, **kw)
+        name = kw["names"].non_padded_cpu
+        value = getattr(forward_batch, name)
+        if value:
+            setattr(forward_batch, name, value - 1)
+
+    if not plugin.instrumented:
+        pytest.skip("the repair is not instrumented on this SGLang")
+    monkeypatch.setattr(dspark_draft, "derive_draft_dp_metadata", off_by_one)
+    result = lockstep.run(lockstep.RunConfig(dp=2, ep_sizes=(2,), steps=50))
+    assert result.failure is not None and result.failure.kind == "wrong value"
+    assert plugin.probe_result.names.non_padded_cpu in result.failure.detail
 
 
 def test_harness_names_the_code_that_wrote_the_sync_sizes(plugin):
     result = lockstep.run(lockstep.RunConfig(dp=2, ep_sizes=(1,), steps=20))
     assert result.failure is None, result.failure.render()
     assert result.sync_writer.endswith("dp_attn._update_gather_batch")
-
-
-def test_a_failing_sglang_sync_writer_fails_verify_not_bypassed():
-    """If SGLang's ``_update_gather_batch`` cannot be driven, the harness
-    must not write the fields itself and call SGLang healthy."""
-    code = (
-        "import sys\n"
-        "from sglang.srt.managers.scheduler_components import dp_attn\n"
-        "def broken(*a, **k):\n"
-        "    raise RuntimeError('forced failure')\n"
-        "dp_attn._update_gather_batch = broken\n"
-        + CLI.format(argv=["verify", "--steps", "10", "--dp", "2", "--no-progress"])
-    )
-    proc = run_python(code, env={"SGLANG_DSPARK_DP_START_METHOD": "fork"})
-    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("verify: FAILED")]
-    assert line, proc.stdout
-    assert "_update_gather_batch failed: RuntimeError: forced failure" in line[0]
-    assert "verify: OK" not in proc.stdout
-
-
-def test_a_missing_sglang_sync_writer_is_cannot_run():
-    code = (
-        "import sys\n"
-        "from sglang.srt.managers.scheduler_components import dp_attn\n"
-        "del dp_attn._update_gather_batch\n"
-        + CLI.format(argv=["verify", "--steps", "5", "--dp", "2", "--no-progress"])
-    )
-    proc = run_python(code)
-    assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
-    assert "cannot drive SGLang's DP sync path" in proc.stderr

@@ -4,15 +4,16 @@ where the load order matters (the way ``sglang serve`` starts)."""
 from __future__ import annotations
 
 import textwrap
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
-import tomllib
 from srt_helpers import run_python
 
+from sglang_dspark_dp import adapter, registry
 from sglang_dspark_dp.package import _instruments
-from sglang_dspark_dp.srt.speculative import dspark_worker
+from sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft import REPAIR
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,10 +21,13 @@ LOAD = textwrap.dedent(
     """
     from sglang.srt.plugins import load_plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
-    from sglang_dspark_dp.srt.speculative import dspark_worker as w
+    from sglang_dspark_dp.adapter import TARGET
+    from sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft import (
+        REPAIR,
+    )
     load_plugins()
-    print("RESULT", w.is_instrumented(), w.TARGET in HookRegistry._patched,
-          w.state().reason)
+    print("RESULT", REPAIR.instrumented, TARGET in HookRegistry._patched,
+          REPAIR.status().outcome.name)
     """
 )
 
@@ -32,16 +36,22 @@ def plugin_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "sglang-dspark-dp:" in line]
 
 
+def draft_lines(stderr: str) -> list[str]:
+    return [line for line in plugin_lines(stderr) if f": {REPAIR.name}: " in line]
+
+
 def result(stdout: str) -> list[str]:
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT")]
     assert lines, stdout
     return lines[-1].split()[1:]
 
 
-def test_load_plugins_logs_exactly_one_line(plugin):
+def test_load_plugins_logs_one_line_per_repair(plugin):
     proc = run_python(LOAD)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = plugin_lines(proc.stderr)
+    assert len(lines) == len(registry.names()), lines
+    lines = [line for line in lines if f": {REPAIR.name}: " in line]
     assert len(lines) == 1, lines
     instrumented, patched, *_ = result(proc.stdout)
     assert instrumented == patched == str(plugin.plan.patches)
@@ -58,7 +68,7 @@ def test_sglang_plugins_whitelist(plugin, whitelist, loaded):
     instrumented, patched, *_ = result(proc.stdout)
     expect = loaded and plugin.plan.patches
     assert instrumented == patched == str(expect)
-    assert len(plugin_lines(proc.stderr)) == (1 if loaded else 0)
+    assert len(plugin_lines(proc.stderr)) == (len(registry.names()) if loaded else 0)
 
 
 def test_sglang_without_dspark_gets_one_line_and_starts():
@@ -70,8 +80,8 @@ def test_sglang_without_dspark_gets_one_line_and_starts():
     )
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = plugin_lines(proc.stderr)
-    assert len(lines) == 1 and "not applied" in lines[0], lines
+    lines = draft_lines(proc.stderr)
+    assert len(lines) == 1 and "not applicable" in lines[0], lines
     assert "no DSpark draft module" in lines[0]
     assert result(proc.stdout)[:2] == ["False", "False"]
 
@@ -93,8 +103,9 @@ def test_changed_target_gets_one_line_and_starts(mutation, reason):
     )
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = plugin_lines(proc.stderr)
-    assert len(lines) == 1 and "not applied" in lines[0] and reason in lines[0], lines
+    lines = draft_lines(proc.stderr)
+    assert len(lines) == 1 and "not applicable" in lines[0], lines
+    assert reason in lines[0], lines
     assert result(proc.stdout)[:2] == ["False", "False"]
 
 
@@ -104,7 +115,7 @@ def test_no_plugin_api_gets_one_line():
     )
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = plugin_lines(proc.stderr)
+    lines = draft_lines(proc.stderr)
     assert len(lines) == 1 and "no plugin API" in lines[0], lines
 
 
@@ -114,19 +125,20 @@ def test_instrument_uninstrument_symmetric_and_idempotent(api, plugin):
     if not plugin.plan.patches:
         pytest.skip("nothing to patch on this SGLang")
     stock = plugin.original
-    name = dspark_worker.FILL
+    name = adapter.FILL
     assert api.proposer_cls.__dict__[name] is not stock
-    first = dspark_worker.instrument()  # already instrumented: a no-op
-    assert first is plugin.plan
-    assert len(HookRegistry._hooks[dspark_worker.TARGET]) == 1
-    dspark_worker.uninstrument()
-    dspark_worker.uninstrument()  # twice is fine
+    plan = plugin.plan
+    first = REPAIR.instrument()  # already instrumented: a no-op
+    assert first.enabled and REPAIR.plan is plan
+    assert len(HookRegistry._hooks[adapter.TARGET]) == 1
+    REPAIR.uninstrument()
+    REPAIR.uninstrument()  # twice is fine
     assert api.proposer_cls.__dict__[name] is stock
-    assert dspark_worker.TARGET not in HookRegistry._patched
-    assert dspark_worker.TARGET not in HookRegistry._hooks
-    dspark_worker.instrument()
+    assert adapter.TARGET not in HookRegistry._patched
+    assert adapter.TARGET not in HookRegistry._hooks
+    REPAIR.instrument()
     assert api.proposer_cls.__dict__[name] is not stock
-    assert len(HookRegistry._hooks[dspark_worker.TARGET]) == 1
+    assert len(HookRegistry._hooks[adapter.TARGET]) == 1
 
 
 def test_uninstrument_keeps_other_plugins_hooks(api, plugin):
@@ -139,21 +151,21 @@ def test_uninstrument_keeps_other_plugins_hooks(api, plugin):
     def other(result, *args, **kwargs):
         return None
 
-    HookRegistry.register(dspark_worker.TARGET, other, HookType.AFTER)
+    HookRegistry.register(adapter.TARGET, other, HookType.AFTER)
     try:
-        dspark_worker.uninstrument()
+        REPAIR.uninstrument()
         HookRegistry.apply_hooks()
-        current = api.proposer_cls.__dict__[dspark_worker.FILL]
+        current = api.proposer_cls.__dict__[adapter.FILL]
         assert current is not stock  # the other hook still wraps it
         assert current.__wrapped__ is stock
     finally:
-        HookRegistry._hooks[dspark_worker.TARGET] = [
-            h for h in HookRegistry._hooks[dspark_worker.TARGET] if h[1] is not other
+        HookRegistry._hooks[adapter.TARGET] = [
+            h for h in HookRegistry._hooks[adapter.TARGET] if h[1] is not other
         ]
-        setattr(api.proposer_cls, dspark_worker.FILL, stock)
-        HookRegistry._patched.discard(dspark_worker.TARGET)
-        HookRegistry._hooks.pop(dspark_worker.TARGET, None)
-        dspark_worker.instrument()
+        setattr(api.proposer_cls, adapter.FILL, stock)
+        HookRegistry._patched.discard(adapter.TARGET)
+        HookRegistry._hooks.pop(adapter.TARGET, None)
+        REPAIR.instrument()
 
 
 def test_supported_range_declared_once_and_optional():

@@ -1,0 +1,1 @@
+"""Multi-process harnesses: simulated ranks (gloo, CPU) driving real SGLang code."""

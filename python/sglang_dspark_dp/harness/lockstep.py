@@ -31,26 +31,20 @@ import traceback
 from collections import Counter
 from typing import Any
 
-GAMMA = 4
-MAX_BS = 128
+from sglang_dspark_dp.adapter import SYNC_WRITER
+
 MAX_DP = 16
-#: Fields of a rank's decision vector.
+#: Fields of a rank's decision vector (``gaps``: how many fields of its
+#: draft batch are wrong, by :func:`sglang_dspark_dp.expectations.check`).
 DECISION = (
     "ok",
     "admitted",
     "bucket",
     "padded_tokens",
     "non_padded_cpu",
-    "non_padded_device",
-    "max_unscaled",
+    "gaps",
     "count",
 )
-
-
-#: The SGLang function that writes the all-gathered sync sizes into a
-#: ``ScheduleBatch`` (what the scheduler runs after its DP all-gather).
-SYNC_WRITER = "sglang.srt.managers.scheduler_components.dp_attn._update_gather_batch"
-_SYNC_WRITER_NAME = SYNC_WRITER.rpartition(".")[2]
 
 
 class CannotRun(Exception):
@@ -142,66 +136,6 @@ def _gather_ints(dist, values: list[int], world: int) -> list[list[int]]:
     return [t.tolist() for t in out]
 
 
-class SyncPathFailed(RuntimeError):
-    """SGLang's own sync-size writer could not be driven: the harness will
-    not write the fields itself and report a healthy SGLang."""
-
-
-def load_sync_writer():
-    """SGLang's ``_update_gather_batch``, or :class:`CannotRun` saying why."""
-    import importlib
-
-    module, _, name = SYNC_WRITER.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise CannotRun(
-            f"cannot drive SGLang's DP sync path: {SYNC_WRITER} is not there ({exc})"
-        ) from exc
-
-
-def _apply_sync(writer, batch, gathered: list[list[int]], rank: int) -> None:
-    """Write the all-gathered sync sizes into ``batch`` with SGLang's own
-    writer, as the scheduler does; never by hand."""
-    from types import SimpleNamespace
-
-    counts = [g[0] for g in gathered]
-    logprob = [g[1] for g in gathered]
-    can_graph = bool(min(g[2] for g in gathered))
-    info = SimpleNamespace(
-        num_tokens=counts[rank],
-        num_tokens_for_logprob=logprob[rank],
-        global_num_tokens=counts,
-        global_num_tokens_for_logprob=logprob,
-        can_cuda_graph=can_graph,
-        can_run_decode_cuda_graph=can_graph,
-        can_run_draft_cuda_graph=can_graph,
-        can_run_breakable_cuda_graph=False,
-        can_run_prefill_cuda_graph=False,
-        prefill_cuda_graph_max_prefix_len=0,
-        is_extend_in_batch=False,
-        tbo_split_seq_index=None,
-        global_forward_mode=None,
-        tp0_info_cpu=None,
-        any_health_check=False,
-        global_attention_pairs=None,
-        dp_cooperation_info=None,
-    )
-    try:
-        writer(batch, info, True)
-    except Exception as exc:
-        raise SyncPathFailed(
-            f"SGLang's {_SYNC_WRITER_NAME} failed: " f"{type(exc).__name__}: {exc}"
-        ) from exc
-    if batch.global_num_tokens != counts:
-        raise SyncPathFailed(
-            f"SGLang's {_SYNC_WRITER_NAME} wrote global_num_tokens="
-            f"{batch.global_num_tokens!r}, expected {counts!r}"
-        )
-    if hasattr(batch, "can_run_decode_cuda_graph"):
-        batch.can_run_decode_cuda_graph = can_graph
-
-
 #: Test hook: ``SGLANG_DSPARK_DP_FAULT=die:RANK:EP:STEP`` makes that rank's
 #: process exit abruptly at that step, to prove the run then ends with a clear
 #: message and no process left behind.
@@ -245,30 +179,29 @@ def _rank_main(rank: int, cfg: RunConfig, port: int, results, progress) -> None:
 
 
 def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
-    from sglang_dspark_dp.drive import (
-        DraftDriver,
-        capture_sizes,
-        graph_runner,
-    )
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.drivers import DRAFT_WIDTH, MAX_CAPTURE_BS
+    from sglang_dspark_dp.drivers.draft import DraftDriver
     from sglang_dspark_dp.harness.churn import RankChurn
-    from sglang_dspark_dp.srt.runtime_context import parallel_override
-    from sglang_dspark_dp.srt.speculative import dspark_worker
+    from sglang_dspark_dp.srt.speculative.dspark_components import dspark_draft
 
-    api = dspark_worker.load_sglang_api()
-    writer = load_sync_writer()
+    api = adapter.load_sglang_api()
+    writer = adapter.load_sync_writer()
+    repair = dspark_draft.REPAIR
     if cfg.fix:
-        plan = dspark_worker.instrument(apply=True)
-        plugin = "repaired" if plan.patches else "not needed (stock is complete)"
+        st = repair.instrument(apply=True)
+        if not st.healthy:
+            raise RuntimeError(st.line())
+        plugin = "repaired" if st.enabled else "not needed (stock is complete)"
+        names = repair.probe_result.names
     else:
-        dspark_worker.uninstrument()
+        repair.uninstrument()
         plugin = "off (--no-fix)"
-    names = (
-        dspark_worker.probe(api).names
-        if not cfg.fix
-        else dspark_worker.state().probe.names
+        names = dspark_draft.probe(api).names
+    capture = adapter.capture_sizes(MAX_CAPTURE_BS)
+    graph = adapter.graph_runner(
+        api, dp_size=cfg.dp, width=DRAFT_WIDTH, capture_bs=capture
     )
-    capture = capture_sizes(MAX_BS)
-    graph = graph_runner(api, dp_size=cfg.dp, width=GAMMA, capture_bs=capture)
     tiers: dict[int, Counter] = {}
     steps_done: dict[int, int] = {}
     failure: Failure | None = None
@@ -278,11 +211,15 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
         tiers[ep] = Counter()
         steps_done[ep] = 0
         churn = RankChurn(seed=cfg.seed, rank=rank, dp=cfg.dp, steps=cfg.steps)
-        with parallel_override(
+        with adapter.parallel_override(
             api.get_parallel, dp_size=cfg.dp, dp_rank=rank, ep_size=ep
         ):
             driver = DraftDriver(
-                api, gamma=GAMMA, dp_moe_sync=cfg.dp > 1, graph=graph, names=names
+                api,
+                gamma=DRAFT_WIDTH,
+                dp_moe_sync=cfg.dp > 1,
+                graph=graph,
+                names=names,
             )
             wants_device = bool(api.enable_num_token_non_padded())
         # One collective per step: this step's sync sizes travel with the
@@ -295,19 +232,17 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
                 os._exit(17)  # the documented test hook: this rank dies here
             count = churn.count(t) if t < cfg.steps else 0
             message = [count, count, 1] + (
-                pending[1] if pending else [1] * len(DECISION)
+                pending[1] if pending else [1] + [0] * (len(DECISION) - 1)
             )
             gathered = _gather_ints(dist, message, world)
             if pending is not None:
-                pt, _, perror = pending
+                pt, _, ptext = pending
                 everyone = [g[3:] for g in gathered]
-                failure = _judge(
-                    pt, ep, everyone, prev_counts, wants_device, driver.width
-                )
-                if failure is not None and failure.kind == "crash":
-                    errors: list[Any] = [None] * world
-                    dist.all_gather_object(errors, perror)
-                    failure.detail = f"{failure.detail}: {errors[failure.rank]}"
+                failure = _judge(pt, ep, everyone, prev_counts, driver.width)
+                if failure is not None and failure.rank is not None:
+                    texts: list[Any] = [None] * world
+                    dist.all_gather_object(texts, ptext)
+                    failure.detail = f"{failure.detail}: {texts[failure.rank]}"
                 if failure is not None:
                     break
                 steps_done[ep] += 1
@@ -322,10 +257,10 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
                 break
             sync = [g[:3] for g in gathered]
             counts = [g[0] for g in sync]
-            decision, error = _decide(
+            decision, text = _decide(
                 api, writer, driver, sync, rank, cfg, ep, capture, wants_device
             )
-            pending = (t, decision, error)
+            pending = (t, decision, text)
             prev_counts = counts
         if failure is not None:
             break
@@ -335,60 +270,73 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
 
 def _decide(api, writer, driver, sync, rank, cfg, ep, capture, wants_device):
     """Build this rank's draft batch for one step; return its decision
-    vector (see :data:`DECISION`) and the error text if it raised."""
+    vector (see :data:`DECISION`) and a text: the error if it raised, else
+    the wrong fields (empty when the batch is correct)."""
     import torch
 
-    from sglang_dspark_dp.drive import padded_bs
-    from sglang_dspark_dp.srt.runtime_context import parallel_override
-    from sglang_dspark_dp.srt.speculative.dspark_worker import make_schedule_batch
+    from sglang_dspark_dp import adapter, expectations
+    from sglang_dspark_dp.drivers.builders import make_schedule_batch
+    from sglang_dspark_dp.drivers.draft import padded_bs
 
     count = sync[rank][0]
-    decision = [1, 0, 0, 0, -1, -1, -1, count]
-    with parallel_override(api.get_parallel, dp_size=cfg.dp, dp_rank=rank, ep_size=ep):
+    counts = [row[0] for row in sync]
+    decision = [1, 0, 0, 0, -1, 0, count]
+    with adapter.parallel_override(
+        api.get_parallel, dp_size=cfg.dp, dp_rank=rank, ep_size=ep
+    ):
         try:
             seq_lens = torch.full((count,), 16, dtype=torch.int64)
             batch = make_schedule_batch(api, seq_lens=seq_lens, global_num_tokens=None)
-            _apply_sync(writer, batch, sync, rank)
+            adapter.write_sync_sizes(writer, batch, sync, rank)
             seen = driver.step_batch(count, batch)
             if seen is None:
                 raise RuntimeError("the draft runner received no batch")
             f = seen.fields
+            width = driver.width
+            gaps = expectations.check(
+                f,
+                expectations.expect(
+                    tokens=expectations.draft_tokens(count, width),
+                    counts=counts,
+                    width=width,
+                    device_count=wants_device,
+                    rank=rank,
+                ),
+            )
             admitted = bool(seen.admitted)
             unscaled = f.get("unscaled")
-            max_unscaled = max(unscaled) if unscaled else -1
+            max_unscaled = max(unscaled) if isinstance(unscaled, list) else 0
             bucket = (padded_bs(capture, max_unscaled) or 0) if admitted else 0
             scaled = f.get("scaled_cpu") or [0]
-            padded = bucket * driver.width if admitted else max(scaled)
-            dev = f.get("non_padded")
-            dev_value = -1
-            if wants_device:
-                dev_value = dev[2] if dev is not None and dev[0] == torch.int32 else -2
+            padded = bucket * width if admitted else max(scaled)
             cpu = f.get("non_padded_cpu")
             decision = [
                 1,
                 int(admitted),
                 bucket,
                 padded,
-                -1 if cpu is None else int(cpu),
-                dev_value,
-                max_unscaled,
+                cpu if isinstance(cpu, int) else -1,
+                len(gaps),
                 count,
             ]
+            text = "; ".join(g.render(driver.runner.names) for g in gaps)
         except Exception as exc:
             decision[0] = 0
             return decision, f"{type(exc).__name__}: {exc}"
-    return decision, ""
+    return decision, text
 
 
-def _judge(t, ep, everyone, counts, wants_device, width) -> Failure | None:
+def _judge(t, ep, everyone, counts, width) -> Failure | None:
     """Compare the ranks' decisions of one step (every rank computes the
     same verdict from the same gathered data)."""
+    from sglang_dspark_dp.expectations import draft_tokens
+
+    col = {key: i for i, key in enumerate(DECISION)}
     for r, d in enumerate(everyone):
-        if d[0] == 0:
+        if d[col["ok"]] == 0:
             return Failure(t, ep, "crash", r, "the step raised", {"counts": counts})
     for key in ("admitted", "bucket", "padded_tokens"):
-        i = DECISION.index(key)
-        values = [d[i] for d in everyone]
+        values = [d[col[key]] for d in everyone]
         if len(set(values)) != 1:
             odd = next(r for r, v in enumerate(values) if v != values[0])
             return Failure(
@@ -400,48 +348,25 @@ def _judge(t, ep, everyone, counts, wants_device, width) -> Failure | None:
                 {key: values, "counts": counts},
             )
     for r, d in enumerate(everyone):
-        want = counts[r] * width
-        got = d[DECISION.index("non_padded_cpu")]
-        if got != want:
+        if d[col["gaps"]]:
             return Failure(
                 t,
                 ep,
                 "wrong value",
                 r,
-                "non-padded host count",
-                {"expected": want, "got": got, "counts": counts},
+                f"{d[col['gaps']]} field(s) of the draft batch are wrong",
+                {"counts": counts},
             )
-        dev = d[DECISION.index("non_padded_device")]
-        if wants_device and dev != want:
-            return Failure(
-                t,
-                ep,
-                "wrong value",
-                r,
-                "non-padded device count (int32)",
-                {"expected": want, "got": dev, "counts": counts},
-            )
-        if d[DECISION.index("max_unscaled")] not in (max(counts), -1):
-            return Failure(
-                t,
-                ep,
-                "wrong value",
-                r,
-                "original_global_num_tokens_cpu",
-                {
-                    "expected max": max(counts),
-                    "got max": d[DECISION.index("max_unscaled")],
-                },
-            )
-    total = sum(d[DECISION.index("non_padded_cpu")] for d in everyone)
-    if total != sum(counts) * width:
+    total = sum(d[col["non_padded_cpu"]] for d in everyone)
+    want = sum(draft_tokens(c, width) for c in counts)
+    if total != want:
         return Failure(
             t,
             ep,
             "wrong value",
             None,
             "EP accounting: non-padded sum",
-            {"expected": sum(counts) * width, "got": total},
+            {"expected": want, "got": total},
         )
     return None
 
@@ -470,14 +395,15 @@ def _dead(procs) -> str:
 def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
     """Run the harness; raises :class:`CannotRun` for exit-2 conditions."""
     cfg.validate()
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.outcome import DidNotEnable
     from sglang_dspark_dp.package import installed_sglang_version
-    from sglang_dspark_dp.srt.speculative import dspark_worker
 
     try:
-        dspark_worker.load_sglang_api()
-    except dspark_worker.DidNotEnable as exc:
+        adapter.load_sglang_api()
+        adapter.load_sync_writer()  # SGLang's own sync path, or cannot run
+    except DidNotEnable as exc:
         raise CannotRun(str(exc)) from exc
-    load_sync_writer()  # CannotRun if SGLang's sync path is not there
     port = _free_port(cfg.port)
     method = os.environ.get("SGLANG_DSPARK_DP_START_METHOD", "fork")
     ctx = mp.get_context(method)

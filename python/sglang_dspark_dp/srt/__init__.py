@@ -1,0 +1,1 @@
+"""Repairs, laid out as the SGLang modules they patch (``sglang/srt/...``)."""

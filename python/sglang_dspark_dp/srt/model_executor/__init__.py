@@ -1,0 +1,1 @@
+"""Counterparts of ``sglang/srt/model_executor``."""

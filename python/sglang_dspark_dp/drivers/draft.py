@@ -1,16 +1,9 @@
-"""Drive a real ``DraftBlockProposer`` on CPU, no GPU, no model.
+"""One DP rank's real ``DraftBlockProposer`` driven on CPU, no GPU, no model.
 
-The proposer's own ``_run_forward`` (ranks with requests) and
-``run_idle_participation`` (ranks without) build the draft ``ForwardBatch``
-exactly as in a server; only the draft runner is a stand-in. It records the
-batch it receives and hands it to a real ``DecodeCudaGraphRunner``'s
-``can_run_graph`` for the admission decision. That runner object is made
-without its ``__init__`` (which captures CUDA graphs from a loaded model);
-the few attributes ``can_run_graph`` reads are set to what ``__init__``
-derives for DSpark's MoE draft under the given topology.
-
-Used by the plugin's probe, the regression suite, the lockstep harness and
-the benchmarks, so all of them exercise the same installed code.
+The proposer's own busy-rank and idle-rank forwards build the draft
+``ForwardBatch`` exactly as in a server; only the draft runner is a
+stand-in. It records the batch it receives (:class:`Seen`) and hands it to a
+real ``DecodeCudaGraphRunner.can_run_graph`` for the admission decision.
 """
 
 from __future__ import annotations
@@ -23,80 +16,36 @@ from typing import Any
 
 import torch
 
-from sglang_dspark_dp.srt.speculative.dspark_worker import (
-    SGLangAPI,
-    build_draft_proposer,
-    make_schedule_batch,
-)
+from sglang_dspark_dp import adapter
+from sglang_dspark_dp.adapter import SGLangAPI, capture_sizes, graph_runner
+from sglang_dspark_dp.drivers.builders import build_draft_proposer, make_schedule_batch
+from sglang_dspark_dp.expectations import observe
+
+__all__ = [
+    "DraftDriver",
+    "RecordingDraftRunner",
+    "Seen",
+    "capture_sizes",
+    "graph_runner",
+    "padded_bs",
+    "snapshot",
+]
 
 HIDDEN = 8
 VOCAB = 32
-
-
-def capture_sizes(max_bs: int = 128) -> list[int]:
-    """The decode CUDA-graph batch sizes SGLang captures with speculative
-    decoding on and ``--cuda-graph-max-bs-decode max_bs``, from SGLang's own
-    generator (its location moved between releases)."""
-    args = SimpleNamespace(
-        disable_cuda_graph_padding=False, speculative_algorithm="DSPARK"
-    )
-    try:
-        from sglang.srt.arg_groups.cuda_graph_hook import (
-            generate_decode_cuda_graph_batch_sizes as gen,
-        )
-    except ImportError:
-        from sglang.srt.server_args import ServerArgs
-
-        return sorted(ServerArgs._generate_decode_cuda_graph_batch_sizes(args, max_bs))
-    try:
-        return sorted(gen(args, max_bs))
-    except Exception:
-        from sglang.srt.server_args import ServerArgs
-
-        full = ServerArgs.__new__(ServerArgs)
-        full.__dict__.update(vars(args))
-        return sorted(gen(full, max_bs))
-
-
-def graph_runner(
-    api: SGLangAPI, *, dp_size: int, width: int, capture_bs: list[int]
-) -> Any:
-    """A real ``DecodeCudaGraphRunner`` object whose ``can_run_graph`` decides
-    admission as the draft's runner would under DP attention (``dp_size > 1``:
-    ``require_mlp_tp_gather`` and ``require_mlp_sync`` on, as ``__init__``
-    derives them for a MoE draft without ``--moe-dense-tp-size``) or attention
-    TP (``dp_size == 1``: both off)."""
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
-        DecodeCudaGraphRunner,
-    )
-
-    runner = DecodeCudaGraphRunner.__new__(DecodeCudaGraphRunner)
-    dp_attention = dp_size > 1
-    state = dict(
-        ragged_verify_mode=False,
-        captured_req_width=width,
-        require_mlp_tp_gather=dp_attention,
-        require_attn_tp_gather=False,
-        require_gathered_buffer=dp_attention,
-        require_mlp_sync=dp_attention,
-        enable_pdmux=False,
-        disable_padding=False,
-        capture_bs=list(capture_bs),
-        max_bs=max(capture_bs),
-        is_encoder_decoder=False,
-        capture_hidden_mode=api.capture_hidden_mode.NULL,
-        enable_two_batch_overlap=False,
-        record_nolora_graph=False,
-        model_runner=SimpleNamespace(spec_algorithm=api.spec_algorithm.DSPARK),
-    )
-    runner.__dict__.update(state)
-    return runner
 
 
 def padded_bs(capture_bs: list[int], bs: int) -> int | None:
     """The capture size a replay of ``bs`` pads to (None: larger than all)."""
     i = bisect.bisect_left(capture_bs, bs)
     return capture_bs[i] if i < len(capture_bs) else None
+
+
+def snapshot(forward_batch: Any, names: Any) -> dict[str, Any]:
+    """The DP/EP fields, device values read back (CPU use only)."""
+    if names is None:
+        return {}
+    return observe(forward_batch, names, read_device=True)
 
 
 @dataclasses.dataclass
@@ -151,24 +100,6 @@ class RecordingDraftRunner:
         )
 
 
-def snapshot(forward_batch: Any, names: Any) -> dict[str, Any]:
-    """Copy of the DP/EP fields (device values read back: CPU use only)."""
-    if names is None:
-        return {}
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(names):
-        name = getattr(names, f.name)
-        if name is None:
-            continue
-        value = getattr(forward_batch, name, None)
-        if isinstance(value, torch.Tensor):
-            value = (value.dtype, value.device, value.detach().cpu().tolist())
-        elif isinstance(value, list):
-            value = list(value)
-        out[f.name] = value
-    return out
-
-
 class DraftDriver:
     """One DP rank's real proposer plus its recording runner."""
 
@@ -197,7 +128,11 @@ class DraftDriver:
 
     @property
     def width(self) -> int:
-        return int(self.proposer._draft_block_spec_info.num_tokens_per_req)
+        return adapter.draft_width(self.proposer)
+
+    @property
+    def spec_info(self) -> Any:
+        return adapter.draft_spec_info(self.proposer)
 
     def step(
         self,
@@ -221,7 +156,7 @@ class DraftDriver:
         """:meth:`step` with the target's ``ScheduleBatch`` given."""
         before = self.runner.forwards
         if bs == 0:
-            self.proposer.run_idle_participation(batch)
+            adapter.run_idle_forward(self.proposer, batch)
         else:
             width = self.width
             grid = torch.arange(bs * (width + 1), device=self.device).view(
@@ -237,7 +172,8 @@ class DraftDriver:
                 reserved_seq_lens_cpu=None,
                 nxt_kv_lens_cpu=None,
             )
-            self.proposer._run_forward(
+            adapter.run_busy_forward(
+                self.proposer,
                 batch=batch,
                 draft_input=draft_input,
                 verify_window=verify_window,

@@ -1,0 +1,210 @@
+"""The registry of repairs and the base every repair is built on.
+
+A repair (one module each, mirroring the SGLang module it patches) defines
+``REPAIR``, an instance of a :class:`Repair` subclass. Like Sentry's
+integrations, :meth:`Repair.setup_once` probes the installed SGLang and
+either returns the hook to register, returns None (nothing to repair), or
+raises :class:`DidNotEnable`; like OpenTelemetry's instrumentors,
+``instrument``/``uninstrument`` are symmetric and idempotent. The module
+functions walk every repair; ``register()`` (the plugin's entry point) and
+the CLI use them, and every caller prints from the returned
+:class:`Status`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from sglang_dspark_dp.outcome import DidNotEnable, Outcome, Status
+
+logger = logging.getLogger("sglang_dspark_dp")
+
+#: Every repair: its name and the module that defines ``REPAIR``.
+REPAIRS: tuple[tuple[str, str], ...] = (
+    (
+        "draft-batch",
+        "sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft",
+    ),
+    (
+        "startup-capture",
+        "sglang_dspark_dp.srt.speculative.dspark_components.dspark_worker_v2",
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hook:
+    """What a repair registers: an AROUND hook on ``owner.attr``."""
+
+    target: str  # HookRegistry's dotted name of owner.attr
+    owner: type
+    attr: str
+    around: Callable[..., Any]
+    reason: str  # the status line's reason when enabled
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class NotNeeded:
+    """``setup_once``'s answer when the installed SGLang is already right."""
+
+    reason: str
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Repair:
+    """Base of every repair; subclasses set ``name`` and ``setup_once``."""
+
+    name = "repair"
+
+    def __init__(self) -> None:
+        self._hook: Hook | None = None
+        self._original: Any = None
+        self._status = Status(self.name, Outcome.NOT_INSTRUMENTED, "not tried yet")
+
+    # -- what a subclass provides -------------------------------------
+
+    def setup_once(self) -> Hook | NotNeeded:
+        """Probe the installed SGLang; raise DidNotEnable if it cannot."""
+        raise NotImplementedError
+
+    # -- shared -----------------------------------------------------------
+
+    @property
+    def instrumented(self) -> bool:
+        return self._hook is not None
+
+    @property
+    def original(self) -> Any:
+        """The stock method the hook replaced (None: not instrumented)."""
+        return self._original
+
+    def status(self) -> Status:
+        return self._status
+
+    def _set(self, outcome: Outcome, reason: str, detail=None) -> Status:
+        from sglang_dspark_dp.package import installed_sglang_version
+
+        self._status = Status(
+            self.name, outcome, reason, installed_sglang_version(), dict(detail or {})
+        )
+        return self._status
+
+    def instrument(self, *, apply: bool = True) -> Status:
+        """Probe and register the hook; never raises. ``apply=False`` only
+        registers (``load_plugins()`` applies every plugin's hooks itself).
+        Calling it again while instrumented returns the current status."""
+        from sglang_dspark_dp import adapter
+
+        if self._hook is not None:
+            return self._status
+        try:
+            answer = self.setup_once()
+            if isinstance(answer, NotNeeded):
+                return self._set(Outcome.NOT_NEEDED, answer.reason, answer.detail)
+            if adapter.is_patched(answer.target):
+                raise DidNotEnable(
+                    f"{answer.target} was already patched before this plugin loaded"
+                )
+            self._original = answer.owner.__dict__[answer.attr]
+            adapter.register_around(answer.target, answer.around)
+            self._hook = answer
+            if apply:
+                adapter.apply_hooks()
+        except DidNotEnable as exc:
+            return self._set(Outcome.NOT_APPLICABLE, str(exc))
+        except Exception as exc:  # never crash a server over a repair
+            return self._set(
+                Outcome.NOT_APPLICABLE,
+                f"could not be set up: {type(exc).__name__}: {exc}",
+            )
+        return self._set(Outcome.ENABLED, answer.reason, answer.detail)
+
+    def uninstrument(self) -> None:
+        """Undo :meth:`instrument` (no-op when not instrumented)."""
+        from sglang_dspark_dp import adapter
+
+        hook = self._hook
+        if hook is None:
+            return
+        adapter.remove_hook(
+            hook.target, hook.around, hook.owner, hook.attr, self._original
+        )
+        self._hook = None
+        self._original = None
+        self._set(Outcome.NOT_INSTRUMENTED, "uninstrumented")
+
+
+def repair(name: str) -> Repair:
+    """The registered repair called ``name`` (imports its module)."""
+    for known, module in REPAIRS:
+        if known == name:
+            return importlib.import_module(module).REPAIR
+    raise KeyError(f"no repair named {name!r} (known: {', '.join(names())})")
+
+
+def names() -> list[str]:
+    return [name for name, _ in REPAIRS]
+
+
+def _unavailable(reason: str) -> list[Status]:
+    return [Status(name, Outcome.NOT_APPLICABLE, reason) for name in names()]
+
+
+def _each() -> list[Repair | Status]:
+    """Every repair, or the status saying why its module cannot load."""
+    out: list[Repair | Status] = []
+    for name in names():
+        try:
+            out.append(repair(name))
+        except Exception as exc:
+            out.append(
+                Status(
+                    name,
+                    Outcome.NOT_APPLICABLE,
+                    f"could not be loaded: {type(exc).__name__}: {exc}",
+                )
+            )
+    return out
+
+
+def instrument(*, apply: bool = True) -> list[Status]:
+    """Instrument every repair; one status each. Never raises."""
+    from sglang_dspark_dp.package import missing_runtime
+
+    missing = missing_runtime()
+    if missing is not None:
+        return _unavailable(missing)
+    out = [
+        r.instrument(apply=False) if isinstance(r, Repair) else r for r in _each()
+    ]
+    if apply and any(s.enabled for s in out):
+        from sglang_dspark_dp import adapter
+
+        adapter.apply_hooks()
+    return out
+
+
+def uninstrument() -> None:
+    """Uninstrument every repair that is instrumented."""
+    from sglang_dspark_dp.package import missing_runtime
+
+    if missing_runtime() is not None:
+        return
+    for r in reversed(_each()):
+        if isinstance(r, Repair):
+            r.uninstrument()
+
+
+def status() -> list[Status]:
+    """Every repair's current status (without instrumenting anything)."""
+    from sglang_dspark_dp.package import missing_runtime
+
+    missing = missing_runtime()
+    if missing is not None:
+        return _unavailable(missing)
+    return [r.status() if isinstance(r, Repair) else r for r in _each()]

@@ -1,0 +1,1 @@
+"""Repairs of SGLang's DSpark components, one module per patched module."""

@@ -1,0 +1,314 @@
+"""The draft-batch repair: its probe, its plan and its hook.
+
+Counterpart of ``sglang/srt/speculative/dspark_components/dspark_draft.py``.
+``DraftBlockProposer`` builds its draft ``ForwardBatch`` by hand (busy ranks
+in ``_run_forward``, idle ranks in ``run_idle_participation``) and hands it
+to ``_fill_dp_moe_sync_metadata`` for the DP/EP fields; that fill is the
+hook target.
+
+Nothing is decided by version string: :func:`probe` runs the installed stock
+fill on a tiny CPU batch (EP forced to 2 through SGLang's own
+``get_parallel().override``), on the DP-attention path and on the
+attention-TP path, and asks :mod:`sglang_dspark_dp.expectations` which
+fields come back wrong. Only those are repaired; where nothing is wrong,
+nothing is patched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from sglang_dspark_dp import adapter, expectations
+from sglang_dspark_dp.adapter import FILL, TARGET, SGLangAPI
+from sglang_dspark_dp.drivers.builders import (
+    DeviceOnlyRunner,
+    build_draft_proposer,
+    make_schedule_batch,
+)
+from sglang_dspark_dp.drivers.draft import DraftDriver
+from sglang_dspark_dp.registry import Hook, NotNeeded, Repair
+from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
+    ALL_GROUPS,
+    NON_PADDED,
+    SCALED,
+    UNSCALED,
+    DraftDPBuffers,
+    DraftDPFieldNames,
+    derive_draft_dp_metadata,
+)
+from sglang_dspark_dp.srt.speculative.dspark_dp_guard import (
+    check_draft_batch,
+    guard_enabled,
+)
+from sglang_dspark_dp.outcome import DidNotEnable
+
+_BUFFERS_ATTR = "_sglang_dspark_dp_buffers"
+
+#: Which field group repairs each logical key.
+_GROUP_OF = {
+    "unscaled": UNSCALED,
+    "non_padded": NON_PADDED,
+    "non_padded_cpu": NON_PADDED,
+    "scaled_cpu": SCALED,
+    "scaled_logprob_cpu": SCALED,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    """What the installed stock fill leaves wrong, per path."""
+
+    names: DraftDPFieldNames
+    missing_dp: tuple[str, ...]  # ForwardBatch fields, DP-attention path
+    missing_local: tuple[str, ...]  # ForwardBatch fields, attention-TP path
+    replaceable: bool  # the stock DP fill sets nothing beyond what we derive
+    foreign_fields: tuple[str, ...]  # fields the stock DP fill sets besides ours
+    gaps_dp: tuple[expectations.Gap, ...] = ()
+    gaps_local: tuple[expectations.Gap, ...] = ()
+
+    @property
+    def affected(self) -> bool:
+        return bool(self.missing_dp or self.missing_local)
+
+    @staticmethod
+    def groups_of(gaps: tuple[expectations.Gap, ...]) -> frozenset[str]:
+        return frozenset(_GROUP_OF[g.key] for g in gaps if g.key in _GROUP_OF)
+
+
+def _all_fields(fb: Any) -> dict[str, Any]:
+    return {f.name: getattr(fb, f.name) for f in dataclasses.fields(fb)}
+
+
+def _foreign_fields(api: SGLangAPI, names: DraftDPFieldNames, fb: Any, counts):
+    """Fields the stock DP fill sets that :func:`derive_draft_dp_metadata`
+    does not (then the stock fill cannot be replaced whole)."""
+    for key in ("unscaled", "non_padded", "non_padded_cpu"):
+        setattr(fb, getattr(names, key), None)
+    batch = make_schedule_batch(
+        api,
+        seq_lens=torch.full((2,), 8, dtype=torch.int64),
+        global_num_tokens=list(counts),
+    )
+    proposer = build_draft_proposer(
+        api, draft_model_runner=DeviceOnlyRunner("cpu"), gamma=2, dp_moe_sync=True
+    )
+    before = _all_fields(fb)
+    adapter.stock_fill(api)(proposer, fb, batch)
+    after = _all_fields(fb)
+    ours = {getattr(names, f.name) for f in dataclasses.fields(names)}
+    return tuple(
+        sorted(k for k in after if k not in ours and after[k] is not before[k])
+    )
+
+
+def probe(api: SGLangAPI | None = None) -> ProbeResult:
+    """Build draft batches with the installed stock builder; report the gaps.
+
+    The real ``DraftBlockProposer`` builds a tiny CPU batch on the busy path
+    (and, under DP attention, the idle path) with EP forced to 2, for a DP
+    attention topology (2 DP ranks) and an attention-TP one (1 DP rank,
+    attention TP 2). Raises DidNotEnable if the installed classes cannot even
+    be driven that way (renamed fields, unexpected signatures).
+    """
+    api = api or adapter.load_sglang_api()
+    names = DraftDPFieldNames.for_forward_batch(api.forward_batch_cls)
+    absent = names.missing("unscaled", "non_padded", "non_padded_cpu")
+    if absent:
+        raise DidNotEnable(
+            f"ForwardBatch declares no {', '.join(absent)} field (renamed?)"
+        )
+    gaps: dict[bool, list[expectations.Gap]] = {True: [], False: []}
+    foreign: tuple[str, ...] = ()
+    try:
+        for dp in (True, False):
+            topology = (
+                dict(dp_size=2, attn_tp_size=1)
+                if dp
+                else dict(dp_size=1, attn_tp_size=2)
+            )
+            with adapter.parallel_override(api.get_parallel, ep_size=2, **topology):
+                driver = DraftDriver(api, gamma=2, dp_moe_sync=dp, names=names)
+                counts = [2, 0] if dp else [2]
+                wants_device = api.enable_num_token_non_padded()
+
+                def want(tokens, *, dp=dp, counts=counts, width=driver.width):
+                    return expectations.expect(
+                        tokens=tokens,
+                        counts=counts if dp else None,
+                        width=width,
+                        device_count=wants_device,
+                    )
+
+                busy = driver.step(2, counts)
+                gaps[dp] += expectations.check(busy.fields, want(2 * driver.width))
+                if dp:
+                    idle = driver.step(0, counts)
+                    if idle is not None:
+                        gaps[dp] += expectations.check(idle.fields, want(0))
+                    foreign = _foreign_fields(api, names, busy.forward_batch, counts)
+    except DidNotEnable:
+        raise
+    except Exception as exc:  # the installed code could not be driven
+        raise DidNotEnable(
+            f"probing the stock DSpark draft batch failed: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    scaled_present = not names.missing(
+        "scaled_cpu",
+        "scaled_gpu",
+        "scaled_logprob_cpu",
+        "scaled_logprob_gpu",
+        "dp_graph_ok",
+    )
+
+    def fields(found: list[expectations.Gap]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(getattr(names, g.key) for g in found))
+
+    return ProbeResult(
+        names=names,
+        missing_dp=fields(gaps[True]),
+        missing_local=fields(gaps[False]),
+        replaceable=scaled_present and not foreign,
+        foreign_fields=foreign,
+        gaps_dp=tuple(gaps[True]),
+        gaps_local=tuple(gaps[False]),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RepairPlan:
+    """What the hook does on each path, fixed at instrument time."""
+
+    dp_groups: frozenset[str]
+    dp_calls_stock: bool
+    local_groups: frozenset[str]
+    guard: bool
+
+    @classmethod
+    def from_probe(cls, result: ProbeResult, *, guard: bool) -> RepairPlan:
+        dp_groups = result.groups_of(result.gaps_dp)
+        dp_calls_stock = True
+        if dp_groups and result.replaceable:
+            # The stock fill is broken and sets nothing we do not derive:
+            # replace it whole, so the step pays for one fill, not two (and
+            # none of the stock fill's per-step device allocations).
+            dp_groups, dp_calls_stock = ALL_GROUPS, False
+        return cls(
+            dp_groups=dp_groups,
+            dp_calls_stock=dp_calls_stock,
+            local_groups=result.groups_of(result.gaps_local),
+            guard=guard,
+        )
+
+    @property
+    def patches(self) -> bool:
+        return bool(self.dp_groups or self.local_groups or self.guard)
+
+    def describe(self) -> str:
+        def fmt(groups: frozenset[str]) -> str:
+            return "+".join(sorted(groups)) or "untouched"
+
+        dp = fmt(self.dp_groups)
+        if self.dp_groups and not self.dp_calls_stock:
+            dp = "replaced (" + dp + ")"
+        return f"DP-attention path: {dp}; attention-TP path: {fmt(self.local_groups)}"
+
+
+def proposer_buffers(proposer: Any, api: SGLangAPI) -> DraftDPBuffers:
+    """The proposer's persistent buffers, made on its first step."""
+    buffers = proposer.__dict__.get(_BUFFERS_ATTR)
+    if buffers is None:
+        buffers = DraftDPBuffers(
+            proposer.draft_model_runner.device,
+            with_non_padded=bool(api.enable_num_token_non_padded()),
+        )
+        proposer.__dict__[_BUFFERS_ATTR] = buffers
+    return buffers
+
+
+def make_fill_hook(plan: RepairPlan, names: DraftDPFieldNames, api: SGLangAPI):
+    """The AROUND hook for ``DraftBlockProposer._fill_dp_moe_sync_metadata``."""
+    dp_groups, local_groups = plan.dp_groups, plan.local_groups
+    dp_calls_stock, guard = plan.dp_calls_stock, plan.guard
+    scale = api.scale  # a method resolving SGLang's function per call
+    is_dp = adapter.dp_moe_sync
+
+    def dspark_dp_fill(original, proposer, forward_batch, batch):
+        dp = is_dp(proposer)
+        if not dp or dp_calls_stock:
+            original(proposer, forward_batch, batch)
+        groups = dp_groups if dp else local_groups
+        if groups:
+            derive_draft_dp_metadata(
+                forward_batch,
+                batch,
+                spec_info=forward_batch.spec_info,
+                dp_moe_sync=dp,
+                buffers=proposer_buffers(proposer, api),
+                groups=groups,
+                names=names,
+                scale=scale,
+            )
+        if guard:
+            check_draft_batch(proposer, forward_batch, batch, names=names, api=api)
+
+    return dspark_dp_fill
+
+
+class DraftBatchRepair(Repair):
+    """Completes the DP/EP metadata of DSpark's hand-built draft batch."""
+
+    name = "draft-batch"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plan: RepairPlan | None = None
+        self.probe_result: ProbeResult | None = None
+        self._guard: bool | None = None
+
+    def instrument(self, *, apply: bool = True, guard: bool | None = None):
+        """As :meth:`Repair.instrument`; ``guard`` overrides the env var."""
+        if not self.instrumented:
+            self._guard = guard
+        return super().instrument(apply=apply)
+
+    def setup_once(self) -> Hook | NotNeeded:
+        adapter.hook_registry()  # DidNotEnable without SGLang's plugin API
+        api = adapter.load_sglang_api()
+        result = probe(api)
+        guard = guard_enabled() if self._guard is None else self._guard
+        plan = RepairPlan.from_probe(result, guard=guard)
+        self.probe_result, self.plan = result, plan
+        missing = sorted(set(result.missing_dp) | set(result.missing_local))
+        detail = {
+            "missing_fields": {
+                "dp_attention_path": list(result.missing_dp),
+                "attention_tp_path": list(result.missing_local),
+            },
+            "repair": plan.describe(),
+            "guard": plan.guard,
+        }
+        if not plan.patches:
+            return NotNeeded(
+                "the DSpark draft batch already carries its DP/EP metadata; "
+                "nothing patched",
+                detail,
+            )
+        return Hook(
+            target=TARGET,
+            owner=api.proposer_cls,
+            attr=FILL,
+            around=make_fill_hook(plan, result.names, api),
+            reason=(
+                f"repairing the DSpark draft batch (missing: "
+                f"{', '.join(missing) or 'none'}; {plan.describe()}; "
+                f"guard {'on' if plan.guard else 'off'})"
+            ),
+            detail=detail,
+        )
+
+
+REPAIR = DraftBatchRepair()

@@ -1,0 +1,100 @@
+"""The ``sglang-dspark-dp`` command: verify, doctor, each in a fresh
+interpreter, with its exit codes and its one-line errors."""
+
+from __future__ import annotations
+
+from known_releases import known
+from srt_helpers import run_python
+
+
+CLI = "import sys; from sglang_dspark_dp.cli import main; sys.exit(main({argv!r}))"
+
+
+def cli(argv, **env):
+    return run_python(CLI.format(argv=list(argv)), env=env)
+
+
+def test_cli_verify_exit_codes(plugin, sglang_version):
+    ok = cli(["verify", "--steps", "30", "--dp", "2", "--no-progress"])
+    assert ok.returncode == 0, ok.stdout + ok.stderr[-2000:]
+    assert "verify: OK" in ok.stdout
+    assert "graph-size tier" in ok.stdout and "ranks agree" in ok.stdout
+    bad = cli(["verify", "--dp", "0"])
+    assert bad.returncode == 2 and "--dp must be between 2 and 16, got 0" in bad.stderr
+    if (known(sglang_version) or {}).get("dp"):
+        nofix = cli(
+            ["verify", "--steps", "10", "--dp", "2", "--no-fix", "--no-progress"]
+        )
+        assert nofix.returncode == 1, nofix.stdout + nofix.stderr[-2000:]
+        assert "stock DSpark crashes under DP attention" in nofix.stdout
+        assert "Traceback" not in nofix.stdout + nofix.stderr
+
+
+def test_cli_doctor_json(plugin):
+    import json
+
+    proc = cli(["doctor", "--json"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["dspark_present"] is True
+    assert report["entry_point_registered"] is True
+    assert report["plugin_loaded"] is True
+    assert report["bug_detected"] is plugin.probe_result.affected
+    assert report["repair_applied"] is plugin.plan.patches
+    assert report["guard"] is False
+    guarded = cli(["doctor", "--json"], SGLANG_DSPARK_DP_CHECK="1")
+    assert json.loads(guarded.stdout)["guard"] is True
+
+
+def test_cli_doctor_without_dspark():
+    code = (
+        "import sys\n"
+        "sys.modules['sglang.srt.speculative.dspark_components.dspark_draft'] = None\n"
+        + CLI.format(argv=["doctor"])
+    )
+    proc = run_python(code)
+    assert proc.returncode == 2
+    assert "DSpark present" in proc.stdout and "no DSpark draft module" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_verify_without_dspark_exits_2():
+    code = (
+        "import sys\n"
+        "sys.modules['sglang.srt.speculative.dspark_components.dspark_draft'] = None\n"
+        + CLI.format(argv=["verify", "--steps", "5"])
+    )
+    proc = run_python(code)
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
+    assert "cannot run" in proc.stderr and "no DSpark draft module" in proc.stderr
+
+
+def test_a_failing_sglang_sync_writer_fails_verify_not_bypassed():
+    """If SGLang's ``_update_gather_batch`` cannot be driven, the harness
+    must not write the fields itself and call SGLang healthy."""
+    code = (
+        "import sys\n"
+        "from sglang.srt.managers.scheduler_components import dp_attn\n"
+        "def broken(*a, **k):\n"
+        "    raise RuntimeError('forced failure')\n"
+        "dp_attn._update_gather_batch = broken\n"
+        + CLI.format(argv=["verify", "--steps", "10", "--dp", "2", "--no-progress"])
+    )
+    proc = run_python(code, env={"SGLANG_DSPARK_DP_START_METHOD": "fork"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("verify: FAILED")]
+    assert line, proc.stdout
+    assert "_update_gather_batch failed: RuntimeError: forced failure" in line[0]
+    assert "verify: OK" not in proc.stdout
+
+
+def test_a_missing_sglang_sync_writer_is_cannot_run():
+    code = (
+        "import sys\n"
+        "from sglang.srt.managers.scheduler_components import dp_attn\n"
+        "del dp_attn._update_gather_batch\n"
+        + CLI.format(argv=["verify", "--steps", "5", "--dp", "2", "--no-progress"])
+    )
+    proc = run_python(code)
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
+    assert "cannot drive SGLang's DP sync path" in proc.stderr

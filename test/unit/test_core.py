@@ -1,0 +1,350 @@
+"""The plugin's core without SGLang: the derivation, its buffers, the field
+names, the plan chosen from a probe result, the expectations and the status
+of a repair. A small fake ``ForwardBatch`` dataclass stands in for SGLang's;
+nothing here imports SGLang."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from sglang_dspark_dp import expectations
+from sglang_dspark_dp.registry import NotNeeded, Repair
+from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
+    ALL_GROUPS,
+    NON_PADDED,
+    SCALED,
+    UNSCALED,
+    DraftDPBuffers,
+    DraftDPFieldNames,
+    derive_draft_dp_metadata,
+)
+from sglang_dspark_dp.outcome import DidNotEnable, Outcome, Status
+
+WIDTH = 3
+
+
+@dataclasses.dataclass
+class FakeForwardBatch:
+    input_ids: Any = None
+    spec_info: Any = None
+    original_global_num_tokens_cpu: Any = None
+    num_token_non_padded: Any = None
+    num_token_non_padded_cpu: Any = None
+    global_num_tokens_cpu: Any = None
+    global_num_tokens_gpu: Any = None
+    global_num_tokens_for_logprob_cpu: Any = None
+    global_num_tokens_for_logprob_gpu: Any = None
+    can_run_dp_cuda_graph: Any = None
+
+
+@dataclasses.dataclass
+class RenamedForwardBatch:
+    """A later layout: the non-padded counts renamed, the graph flag too."""
+
+    input_ids: Any = None
+    original_global_num_tokens_cpu: Any = None
+    global_num_token_non_padded: Any = None
+    global_num_token_non_padded_cpu: Any = None
+    global_num_tokens_cpu: Any = None
+    global_num_tokens_gpu: Any = None
+    global_num_tokens_for_logprob_cpu: Any = None
+    global_num_tokens_for_logprob_gpu: Any = None
+
+
+def fake_scale(spec_info, counts, logprob_counts):
+    return [c * WIDTH for c in counts], [c * WIDTH for c in logprob_counts]
+
+
+def batch(counts, *, coordinated=False, graph_ok=True):
+    return SimpleNamespace(
+        global_num_tokens=counts,
+        global_num_tokens_for_logprob=None if counts is None else list(counts),
+        can_run_dp_cuda_graph=graph_ok,
+        dp_spec_prefill_coordination_applied=coordinated,
+    )
+
+
+def draft_batch(cls=FakeForwardBatch, bs=2):
+    return cls(input_ids=torch.zeros(bs * WIDTH, dtype=torch.int64))
+
+
+def derive(fb, b, *, dp=True, groups=ALL_GROUPS, buffers=None, names=None):
+    names = names or DraftDPFieldNames.for_forward_batch(type(fb))
+    buffers = buffers or DraftDPBuffers("cpu", with_non_padded=True)
+    derive_draft_dp_metadata(
+        fb,
+        b,
+        spec_info=None,
+        dp_moe_sync=dp,
+        buffers=buffers,
+        groups=groups,
+        names=names,
+        scale=fake_scale,
+    )
+    return names, buffers
+
+
+def test_dp_path_derives_every_field():
+    fb = draft_batch(bs=2)
+    derive(fb, batch([2, 0, 5]))
+    assert fb.original_global_num_tokens_cpu == [2, 0, 5]
+    assert fb.global_num_tokens_cpu == [6, 0, 15]
+    assert fb.global_num_tokens_for_logprob_cpu == [6, 0, 15]
+    assert fb.global_num_tokens_gpu.tolist() == [6, 0, 15]
+    assert fb.global_num_tokens_for_logprob_gpu.tolist() == [6, 0, 15]
+    assert fb.num_token_non_padded.dtype == torch.int32
+    assert int(fb.num_token_non_padded) == 6 == fb.num_token_non_padded_cpu
+    assert fb.can_run_dp_cuda_graph is True
+
+
+def test_coordinated_counts_pass_through_unscaled():
+    fb = draft_batch(bs=1)
+    derive(fb, batch([4, 1], coordinated=True, graph_ok=False))
+    assert fb.global_num_tokens_cpu == [4, 1]
+    assert fb.can_run_dp_cuda_graph is False
+
+
+def test_attention_tp_path_writes_only_the_non_padded_counts():
+    fb = draft_batch(bs=2)
+    derive(fb, batch(None), dp=False)
+    assert fb.num_token_non_padded_cpu == 2 * WIDTH
+    assert fb.original_global_num_tokens_cpu is None
+    assert fb.global_num_tokens_cpu is None
+    fb = draft_batch(bs=2)
+    derive(fb, batch([2, 2]), dp=False)  # counts present, DP sync off
+    assert fb.original_global_num_tokens_cpu is None
+
+
+def test_only_the_requested_groups_are_written():
+    fb = draft_batch(bs=1)
+    derive(fb, batch([1, 3]), groups=frozenset({UNSCALED}))
+    assert fb.original_global_num_tokens_cpu == [1, 3]
+    assert fb.num_token_non_padded_cpu is None and fb.global_num_tokens_cpu is None
+    fb = draft_batch(bs=1)
+    derive(fb, batch([1, 3]), groups=frozenset({NON_PADDED}))
+    assert fb.num_token_non_padded_cpu == WIDTH
+    assert fb.original_global_num_tokens_cpu is None
+
+
+def test_idle_rank_counts_zero_tokens():
+    fb = draft_batch(bs=0)
+    derive(fb, batch([0, 4]))
+    assert fb.num_token_non_padded_cpu == 0 and int(fb.num_token_non_padded) == 0
+
+
+def test_buffers_are_reused_and_reallocated_only_for_a_new_dp_size():
+    buffers = DraftDPBuffers("cpu", with_non_padded=True)
+    first = draft_batch(bs=1)
+    derive(first, batch([1, 2]), buffers=buffers)
+    scalar, row = first.num_token_non_padded, first.global_num_tokens_gpu
+    second = draft_batch(bs=2)
+    derive(second, batch([2, 7]), buffers=buffers)
+    assert second.num_token_non_padded is scalar
+    assert second.global_num_tokens_gpu.data_ptr() == row.data_ptr()
+    assert second.global_num_tokens_gpu.tolist() == [6, 21]
+    assert int(scalar) == 6
+    third = draft_batch(bs=1)
+    derive(third, batch([1, 1, 1, 1]), buffers=buffers)  # DP 2 -> 4
+    assert third.global_num_tokens_gpu.tolist() == [3, 3, 3, 3]
+    assert third.num_token_non_padded is scalar
+
+
+def test_without_the_device_count_only_the_host_count_is_written():
+    fb = draft_batch(bs=2)
+    derive(fb, batch([2, 1]), buffers=DraftDPBuffers("cpu", with_non_padded=False))
+    assert fb.num_token_non_padded is None
+    assert fb.num_token_non_padded_cpu == 2 * WIDTH
+
+
+def test_renamed_fields_are_found_and_written():
+    names = DraftDPFieldNames.for_forward_batch(RenamedForwardBatch)
+    assert names.non_padded == "global_num_token_non_padded"
+    assert names.non_padded_cpu == "global_num_token_non_padded_cpu"
+    assert names.dp_graph_ok is None
+    assert names.missing("dp_graph_ok", "unscaled") == ["dp_graph_ok"]
+    fb = draft_batch(RenamedForwardBatch, bs=1)
+    derive(fb, batch([1, 0]), names=names, groups=frozenset({UNSCALED, NON_PADDED}))
+    assert fb.global_num_token_non_padded_cpu == WIDTH
+    assert int(fb.global_num_token_non_padded) == WIDTH
+
+
+# -- expectations ---------------------------------------------------------
+
+
+def observed(fb):
+    names = DraftDPFieldNames.for_forward_batch(type(fb))
+    return expectations.observe(fb, names, read_device=True), names
+
+
+def want(bs, counts, rank=0):
+    return expectations.expect(
+        tokens=bs * WIDTH, counts=counts, width=WIDTH, device_count=True, rank=rank
+    )
+
+
+def test_a_derived_batch_meets_the_expectations():
+    fb = draft_batch(bs=2)
+    derive(fb, batch([2, 0, 5]))
+    seen, _ = observed(fb)
+    assert expectations.check(seen, want(2, [2, 0, 5])) == []
+    assert seen["non_padded"].value == 6 and seen["non_padded"].shape == ()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("original_global_num_tokens_cpu", None, "expected a per-rank list"),
+        ("original_global_num_tokens_cpu", [2, 0], "one entry per DP rank"),
+        ("original_global_num_tokens_cpu", [2, 0, -5], "non-negative ints"),
+        ("original_global_num_tokens_cpu", [2, 1, 5], "raw per-rank counts"),
+        ("global_num_tokens_cpu", [2, 0, 5], "unscaled x draft block width"),
+        ("num_token_non_padded_cpu", 7, "exceeds"),
+        ("num_token_non_padded_cpu", 5, "expected 6 draft tokens"),
+        ("num_token_non_padded", torch.tensor(6), "int32"),
+        ("num_token_non_padded", None, "device int32 scalar"),
+        ("num_token_non_padded", torch.tensor(5, dtype=torch.int32), "expected 6"),
+    ],
+)
+def test_each_wrong_field_is_one_named_gap(field, value, why):
+    fb = draft_batch(bs=2)
+    derive(fb, batch([2, 0, 5]))
+    setattr(fb, field, value)
+    seen, names = observed(fb)
+    gaps = expectations.check(seen, want(2, [2, 0, 5]))
+    assert len(gaps) >= 1
+    assert getattr(names, gaps[0].key) == field
+    assert why in gaps[0].why
+    assert field in gaps[0].render(names)
+
+
+def test_device_values_are_not_read_when_not_asked():
+    fb = draft_batch(bs=2)
+    derive(fb, batch([2, 0]))
+    fb.num_token_non_padded.fill_(99)  # wrong, but only visible if read
+    names = DraftDPFieldNames.for_forward_batch(FakeForwardBatch)
+    seen = expectations.observe(fb, names, read_device=False)
+    assert seen["non_padded"].value is None
+    assert expectations.check(seen, want(2, [2, 0])) == []
+
+
+# -- the plan chosen from a probe result ----------------------------------
+
+
+def probe_result(gaps_dp=(), gaps_local=(), replaceable=True):
+    from sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft import (
+        ProbeResult,
+    )
+
+    names = DraftDPFieldNames()
+    field = {g: getattr(names, g) for g in ("unscaled", "non_padded")}
+    return ProbeResult(
+        names=names,
+        missing_dp=tuple(field[g] for g in gaps_dp),
+        missing_local=tuple(field[g] for g in gaps_local),
+        replaceable=replaceable,
+        foreign_fields=() if replaceable else ("something_else",),
+        gaps_dp=tuple(expectations.Gap(g, 1, None, "x") for g in gaps_dp),
+        gaps_local=tuple(expectations.Gap(g, 1, None, "x") for g in gaps_local),
+    )
+
+
+def plan_for(result, guard=False):
+    from sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft import (
+        RepairPlan,
+    )
+
+    return RepairPlan.from_probe(result, guard=guard)
+
+
+def test_a_broken_replaceable_dp_fill_is_replaced_whole():
+    plan = plan_for(probe_result(gaps_dp=("unscaled",), gaps_local=("non_padded",)))
+    assert plan.dp_groups == ALL_GROUPS and not plan.dp_calls_stock
+    assert plan.local_groups == frozenset({NON_PADDED})
+    assert plan.patches and "replaced" in plan.describe()
+
+
+def test_a_fill_with_foreign_fields_is_kept_and_completed():
+    plan = plan_for(probe_result(gaps_dp=("unscaled",), replaceable=False))
+    assert plan.dp_groups == frozenset({UNSCALED}) and plan.dp_calls_stock
+    assert SCALED not in plan.dp_groups
+
+
+def test_a_complete_fill_is_left_alone_unless_the_guard_is_on():
+    assert not plan_for(probe_result()).patches
+    assert "untouched" in plan_for(probe_result()).describe()
+    assert plan_for(probe_result(), guard=True).patches
+
+
+# -- status and the repair base -------------------------------------------
+
+
+class Scripted(Repair):
+    name = "scripted"
+
+    def __init__(self, answer):
+        super().__init__()
+        self.answer = answer
+
+    def setup_once(self):
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+def test_a_repair_that_cannot_apply_is_not_applicable_not_a_crash():
+    st = Scripted(DidNotEnable("no DSpark here")).instrument()
+    assert st.outcome is Outcome.NOT_APPLICABLE and not st.healthy
+    assert st.line().startswith("sglang-dspark-dp: scripted: not applicable")
+    assert st.line().endswith(": no DSpark here")
+    st = Scripted(RuntimeError("boom")).instrument()
+    assert st.outcome is Outcome.NOT_APPLICABLE
+    assert "could not be set up: RuntimeError: boom" in st.reason
+
+
+def test_a_repair_not_needed_patches_nothing_and_uninstrument_is_a_noop():
+    r = Scripted(NotNeeded("already right", {"k": 1}))
+    st = r.instrument()
+    assert st.outcome is Outcome.NOT_NEEDED and st.healthy and not st.enabled
+    assert st.as_dict()["detail"] == {"k": 1} and not r.instrumented
+    r.uninstrument()
+    r.uninstrument()
+    assert r.status() is st
+
+
+def test_status_line_and_dict():
+    st = Status("x", Outcome.ENABLED, "why", "0.5.16", {"a": [1]})
+    assert st.line() == "sglang-dspark-dp: x: enabled on sglang 0.5.16: why"
+    assert st.as_dict() == {
+        "repair": "x",
+        "outcome": "enabled",
+        "reason": "why",
+        "sglang": "0.5.16",
+        "detail": {"a": [1]},
+    }
+
+
+def test_the_core_imports_no_sglang():
+    code = (
+        "import sys\n"
+        "import sglang_dspark_dp, sglang_dspark_dp.registry, sglang_dspark_dp.cli\n"
+        "import sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft\n"
+        "import sglang_dspark_dp.drivers.draft, sglang_dspark_dp.harness.lockstep\n"
+        "face = sglang_dspark_dp\n"
+        "assert all(callable(f) for f in (face.instrument, face.uninstrument))\n"
+        "assert [s.repair for s in face.status()] == face.registry.names()\n"
+        "assert issubclass(face.DidNotEnable, Exception)\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'sglang')\n"
+        "print(bad)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
