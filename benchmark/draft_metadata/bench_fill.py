@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sglang_dspark_dp.drivers import DRAFT_WIDTH
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODES = ("stock", "plugin", "auto")
 SLEEP_MS = 100.0
@@ -663,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=3000)
     p.add_argument("--dp", type=int, default=4)
     p.add_argument("--bs", type=int, default=8)
-    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--gamma", type=int, default=DRAFT_WIDTH)
     p.add_argument("--mode", choices=MODES, default="stock",
                    help="single run: stock fill, plugin (instrument(apply=True)), "
                    "or auto (sglang.srt.plugins.load_plugins())")  # fmt: skip

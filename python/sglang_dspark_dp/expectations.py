@@ -151,7 +151,9 @@ def check(observed: dict[str, Any], exp: Expected) -> list[Gap]:
     gaps: list[Gap] = []
     cpu = observed.get("non_padded_cpu")
     if not _is_count(cpu):
-        gaps.append(Gap("non_padded_cpu", exp.tokens, cpu, "expected a non-negative int"))
+        gaps.append(
+            Gap("non_padded_cpu", exp.tokens, cpu, "expected a non-negative int")
+        )
     elif cpu > exp.tokens:
         gaps.append(
             Gap(
@@ -163,7 +165,9 @@ def check(observed: dict[str, Any], exp: Expected) -> list[Gap]:
         )
     elif cpu != exp.tokens:
         gaps.append(
-            Gap("non_padded_cpu", exp.tokens, cpu, f"expected {exp.tokens} draft tokens")
+            Gap(
+                "non_padded_cpu", exp.tokens, cpu, f"expected {exp.tokens} draft tokens"
+            )
         )
 
     if exp.device_count:

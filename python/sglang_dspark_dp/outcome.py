@@ -54,7 +54,9 @@ class Status:
     def line(self) -> str:
         """The one log line of this repair."""
         on = f" on sglang {self.sglang}" if self.sglang else ""
-        return f"sglang-dspark-dp: {self.repair}: {self.outcome.value}{on}: {self.reason}"
+        return (
+            f"sglang-dspark-dp: {self.repair}: {self.outcome.value}{on}: {self.reason}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -179,9 +179,7 @@ def instrument(*, apply: bool = True) -> list[Status]:
     missing = missing_runtime()
     if missing is not None:
         return _unavailable(missing)
-    out = [
-        r.instrument(apply=False) if isinstance(r, Repair) else r for r in _each()
-    ]
+    out = [r.instrument(apply=False) if isinstance(r, Repair) else r for r in _each()]
     if apply and any(s.enabled for s in out):
         from sglang_dspark_dp import adapter
 

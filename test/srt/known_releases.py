@@ -2,7 +2,9 @@
 
 ``dp``: the DP-attention draft batch misses fields (stock ``can_run_graph``
 then crashes with ``expectations.KNOWN_CRASH``); ``local``: the attention-TP
-draft batch misses the non-padded counts. The probe must find exactly this;
+draft batch misses the non-padded counts; ``blocks``: the stock DP fill,
+though complete, makes the host wait for the GPU (a device tensor straight
+from host data). The probe must find exactly this;
 a release whose behaviour changes fails the suite instead of being silently
 re-classified.
 """
@@ -10,9 +12,10 @@ re-classified.
 from __future__ import annotations
 
 KNOWN = {
-    "0.5.16": {"dp": True, "local": True},
-    "0.5.17": {"dp": False, "local": True},
-    "0.5.23": {"dp": False, "local": False},
+    "0.5.16": {"dp": True, "local": True, "blocks": False},
+    "0.5.17": {"dp": False, "local": True, "blocks": True},
+    "0.5.18": {"dp": False, "local": True, "blocks": True},
+    "0.5.23": {"dp": False, "local": False, "blocks": False},
 }
 
 

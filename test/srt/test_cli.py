@@ -6,7 +6,6 @@ from __future__ import annotations
 from known_releases import known
 from srt_helpers import run_python
 
-
 CLI = "import sys; from sglang_dspark_dp.cli import main; sys.exit(main({argv!r}))"
 
 
@@ -98,3 +97,14 @@ def test_a_missing_sglang_sync_writer_is_cannot_run():
     proc = run_python(code)
     assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
     assert "cannot drive SGLang's DP sync path" in proc.stderr
+
+
+def test_plugin_and_doctor_need_no_benchmark_dependencies(plugin):
+    """A serving environment without matplotlib (the benchmarks' dependency)
+    still loads the plugin and runs ``doctor``."""
+    code = "import sys\nsys.modules['matplotlib'] = None\n" + CLI.format(
+        argv=["doctor"]
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert "repair draft-batch" in proc.stdout

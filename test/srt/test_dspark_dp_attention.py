@@ -204,6 +204,7 @@ def test_probe_matches_known_release_behaviour(plugin, sglang_version):
         pytest.skip(f"no recorded behaviour for sglang {sglang_version}")
     assert bool(plugin.probe_result.missing_dp) is known["dp"]
     assert bool(plugin.probe_result.missing_local) is known["local"]
+    assert bool(plugin.probe_result.blocking) is known["blocks"]
     assert REPAIR.instrumented is (known["dp"] or known["local"])
 
 
@@ -257,10 +258,14 @@ def test_stock_attention_tp_leaves_non_padded_unset_where_expected(
 def test_untouched_paths_are_identical_with_and_without_plugin(
     api, plugin, stock, path
 ):
-    """Where the probe finds nothing missing, the plugin changes nothing."""
-    groups = plugin.plan.dp_groups if path == "dp" else plugin.plan.local_groups
-    if groups:
+    """Where the stock path is complete, the plugin's values are stock's,
+    field for field: untouched, or (a blocking stock DP fill) replaced by a
+    non-blocking one that writes the same values."""
+    found = plugin.probe_result
+    if found.missing_dp if path == "dp" else found.missing_local:
         pytest.skip(f"this SGLang needs the {path} path repaired")
+    if path == "dp" and found.blocking:
+        assert plugin.plan.dp_groups and not plugin.plan.dp_calls_stock
     names = plugin.probe_result.names
 
     def run():

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from sglang_dspark_dp import expectations
+from sglang_dspark_dp.outcome import DidNotEnable, Outcome, Status
 from sglang_dspark_dp.registry import NotNeeded, Repair
 from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
     ALL_GROUPS,
@@ -25,7 +26,6 @@ from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
     DraftDPFieldNames,
     derive_draft_dp_metadata,
 )
-from sglang_dspark_dp.outcome import DidNotEnable, Outcome, Status
 
 WIDTH = 3
 

@@ -9,7 +9,7 @@ lockstep in production:
 * ``all_idle``   every rank drains to zero (all-idle steps);
 * ``single``     one rank busy, the others idle;
 * ``staggered``  no arrivals, ranks finish their requests at different times;
-* ``burst``      arrivals push counts past the largest graph size (128);
+* ``burst``      arrivals push counts past the largest graph size;
 * ``repro``      the reported reproduction: 16 mixed prompts at client
                  concurrency 4, spread over the DP ranks.
 """
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
+
+from sglang_dspark_dp.drivers import MAX_CAPTURE_BS
 
 PHASES = ("steady", "all_idle", "single", "staggered", "burst", "repro")
 MAX_RUNNING = 200
@@ -120,6 +122,6 @@ class RankChurn:
                 ]
         elif kind == "burst":
             if entering:
-                self._cap = self._rng.randint(129, MAX_RUNNING)
+                self._cap = self._rng.randint(MAX_CAPTURE_BS + 1, MAX_RUNNING)
             self._arrive(8, 30, 120, self._cap)
         return len(self._running)

@@ -10,7 +10,14 @@ Nothing is decided by version string: :func:`probe` runs the installed stock
 fill on a tiny CPU batch (EP forced to 2 through SGLang's own
 ``get_parallel().override``), on the DP-attention path and on the
 attention-TP path, and asks :mod:`sglang_dspark_dp.expectations` which
-fields come back wrong. Only those are repaired; where nothing is wrong,
+fields come back wrong. It also watches the stock DP fill's tensor factory
+calls (a ``TorchFunctionMode``): one that builds a tensor on the draft
+runner's device straight from host data (``torch.tensor(x, device=...)``) is
+a synchronous copy from pageable memory, ordered after all queued GPU work,
+so on a GPU the host waits for the stream at every draft step. Where the
+stock DP fill is broken, or correct but blocking, and sets nothing the
+plugin does not derive, the plugin's fill replaces it whole (same values, a
+pinned non-blocking copy into persistent buffers). Where nothing is wrong,
 nothing is patched.
 """
 
@@ -20,6 +27,7 @@ import dataclasses
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from sglang_dspark_dp import adapter, expectations
 from sglang_dspark_dp.adapter import FILL, TARGET, SGLangAPI
@@ -29,6 +37,7 @@ from sglang_dspark_dp.drivers.builders import (
     make_schedule_batch,
 )
 from sglang_dspark_dp.drivers.draft import DraftDriver
+from sglang_dspark_dp.outcome import DidNotEnable
 from sglang_dspark_dp.registry import Hook, NotNeeded, Repair
 from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
     ALL_GROUPS,
@@ -43,7 +52,6 @@ from sglang_dspark_dp.srt.speculative.dspark_dp_guard import (
     check_draft_batch,
     guard_enabled,
 )
-from sglang_dspark_dp.outcome import DidNotEnable
 
 _BUFFERS_ATTR = "_sglang_dspark_dp_buffers"
 
@@ -68,6 +76,8 @@ class ProbeResult:
     foreign_fields: tuple[str, ...]  # fields the stock DP fill sets besides ours
     gaps_dp: tuple[expectations.Gap, ...] = ()
     gaps_local: tuple[expectations.Gap, ...] = ()
+    #: The stock DP fill's calls that would make the host wait for the GPU.
+    blocking: tuple[str, ...] = ()
 
     @property
     def affected(self) -> bool:
@@ -82,9 +92,27 @@ def _all_fields(fb: Any) -> dict[str, Any]:
     return {f.name: getattr(fb, f.name) for f in dataclasses.fields(fb)}
 
 
-def _foreign_fields(api: SGLangAPI, names: DraftDPFieldNames, fb: Any, counts):
-    """Fields the stock DP fill sets that :func:`derive_draft_dp_metadata`
-    does not (then the stock fill cannot be replaced whole)."""
+class _FactoryCalls(TorchFunctionMode):
+    """Records tensor factories that copy host data straight to a device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocking: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.tensor, torch.as_tensor) and kwargs.get("device"):
+            self.blocking.append(
+                f"torch.{func.__name__}(<host data>, device=...) "
+                "(a synchronous copy from pageable memory)"
+            )
+        return func(*args, **kwargs)
+
+
+def _stock_dp_fill(api: SGLangAPI, names: DraftDPFieldNames, fb: Any, counts):
+    """Run the stock DP fill once more on ``fb``; return the fields it sets
+    that :func:`derive_draft_dp_metadata` does not (then it cannot be
+    replaced whole) and its calls that would block a GPU host."""
     for key in ("unscaled", "non_padded", "non_padded_cpu"):
         setattr(fb, getattr(names, key), None)
     batch = make_schedule_batch(
@@ -96,12 +124,15 @@ def _foreign_fields(api: SGLangAPI, names: DraftDPFieldNames, fb: Any, counts):
         api, draft_model_runner=DeviceOnlyRunner("cpu"), gamma=2, dp_moe_sync=True
     )
     before = _all_fields(fb)
-    adapter.stock_fill(api)(proposer, fb, batch)
+    calls = _FactoryCalls()
+    with calls:
+        adapter.stock_fill(api)(proposer, fb, batch)
     after = _all_fields(fb)
     ours = {getattr(names, f.name) for f in dataclasses.fields(names)}
-    return tuple(
+    foreign = tuple(
         sorted(k for k in after if k not in ours and after[k] is not before[k])
     )
+    return foreign, tuple(dict.fromkeys(calls.blocking))
 
 
 def probe(api: SGLangAPI | None = None) -> ProbeResult:
@@ -122,6 +153,7 @@ def probe(api: SGLangAPI | None = None) -> ProbeResult:
         )
     gaps: dict[bool, list[expectations.Gap]] = {True: [], False: []}
     foreign: tuple[str, ...] = ()
+    blocking: tuple[str, ...] = ()
     try:
         for dp in (True, False):
             topology = (
@@ -134,12 +166,19 @@ def probe(api: SGLangAPI | None = None) -> ProbeResult:
                 counts = [2, 0] if dp else [2]
                 wants_device = api.enable_num_token_non_padded()
 
-                def want(tokens, *, dp=dp, counts=counts, width=driver.width):
+                def want(
+                    tokens,
+                    *,
+                    dp=dp,
+                    counts=counts,
+                    width=driver.width,
+                    dev=wants_device,
+                ):
                     return expectations.expect(
                         tokens=tokens,
                         counts=counts if dp else None,
                         width=width,
-                        device_count=wants_device,
+                        device_count=dev,
                     )
 
                 busy = driver.step(2, counts)
@@ -148,7 +187,9 @@ def probe(api: SGLangAPI | None = None) -> ProbeResult:
                     idle = driver.step(0, counts)
                     if idle is not None:
                         gaps[dp] += expectations.check(idle.fields, want(0))
-                    foreign = _foreign_fields(api, names, busy.forward_batch, counts)
+                    foreign, blocking = _stock_dp_fill(
+                        api, names, busy.forward_batch, counts
+                    )
     except DidNotEnable:
         raise
     except Exception as exc:  # the installed code could not be driven
@@ -175,6 +216,7 @@ def probe(api: SGLangAPI | None = None) -> ProbeResult:
         foreign_fields=foreign,
         gaps_dp=tuple(gaps[True]),
         gaps_local=tuple(gaps[False]),
+        blocking=blocking,
     )
 
 
@@ -191,10 +233,10 @@ class RepairPlan:
     def from_probe(cls, result: ProbeResult, *, guard: bool) -> RepairPlan:
         dp_groups = result.groups_of(result.gaps_dp)
         dp_calls_stock = True
-        if dp_groups and result.replaceable:
-            # The stock fill is broken and sets nothing we do not derive:
-            # replace it whole, so the step pays for one fill, not two (and
-            # none of the stock fill's per-step device allocations).
+        if (dp_groups or result.blocking) and result.replaceable:
+            # The stock fill is broken, or blocks the host, and sets nothing
+            # we do not derive: replace it whole, so the step pays for one
+            # fill, not two, never waits for the GPU, and allocates nothing.
             dp_groups, dp_calls_stock = ALL_GROUPS, False
         return cls(
             dp_groups=dp_groups,
@@ -284,6 +326,7 @@ class DraftBatchRepair(Repair):
         self.probe_result, self.plan = result, plan
         missing = sorted(set(result.missing_dp) | set(result.missing_local))
         detail = {
+            "stock_dp_fill_blocks": list(result.blocking),
             "missing_fields": {
                 "dp_attention_path": list(result.missing_dp),
                 "attention_tp_path": list(result.missing_local),
@@ -293,8 +336,8 @@ class DraftBatchRepair(Repair):
         }
         if not plan.patches:
             return NotNeeded(
-                "the DSpark draft batch already carries its DP/EP metadata; "
-                "nothing patched",
+                "the DSpark draft batch already carries its DP/EP metadata and "
+                "its DP fill does not wait on the GPU; nothing patched",
                 detail,
             )
         return Hook(
@@ -304,8 +347,9 @@ class DraftBatchRepair(Repair):
             around=make_fill_hook(plan, result.names, api),
             reason=(
                 f"repairing the DSpark draft batch (missing: "
-                f"{', '.join(missing) or 'none'}; {plan.describe()}; "
-                f"guard {'on' if plan.guard else 'off'})"
+                f"{', '.join(missing) or 'none'}; stock DP fill "
+                f"{'blocks the host' if result.blocking else 'does not block'}; "
+                f"{plan.describe()}; guard {'on' if plan.guard else 'off'})"
             ),
             detail=detail,
         )
