@@ -500,9 +500,11 @@ def load_worker() -> tuple[Any, type]:
     return module, cls
 
 
-def class_init_graphs(cls: type) -> Any:
-    """``init_cuda_graphs`` as the class holds it now (hooked or not)."""
-    return cls.__dict__[INIT_GRAPHS]
+def stock_init_graphs(cls: type) -> Any:
+    """``init_cuda_graphs`` as the installed SGLang wrote it, under any hook
+    ``HookRegistry`` applied (its wrappers name what they wrap in
+    ``__wrapped__``)."""
+    return inspect.unwrap(cls.__dict__[INIT_GRAPHS])
 
 
 def hosts_draft(worker: Any) -> bool:

@@ -121,8 +121,61 @@ def render_tiers(result) -> str:
     return "\n".join(lines)
 
 
+def _startup_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
+    """Every rank's draft CUDA-graph capture decision at startup, plain TP
+    and DP attention of ``--dp`` ranks, one rank short of memory. Returns
+    the exit status it asks for and its summary lines."""
+    from sglang_dspark_dp.harness import startup
+
+    topologies = ((args.dp, 1), (args.dp, args.dp))
+    try:
+        results = startup.run_matrix(
+            fix=not args.no_fix, topologies=topologies, timeout_s=args.timeout
+        )
+    except startup.CannotRun as exc:
+        return EXIT_CANNOT, [f"startup: cannot run: {exc}"]
+    lines = [f"startup: {r.summary()}" for r in results]
+    bad = [r for r in results if not r.correct]
+    if not bad:
+        return EXIT_OK, lines
+    for r in bad:
+        readings = ", ".join(
+            f"rank {x.rank} had {x.free_gib:.2f} GiB, read "
+            + ("nothing" if x.read_gib is None else f"{x.read_gib:.2f} GiB")
+            + f", {x.decision}"
+            for x in r.ranks
+        )
+        lines.append(f"  readings ({r.config.describe()}): {readings}")
+    return EXIT_FAIL, lines
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     _quiet_sglang()
+    startup_status, startup_lines = EXIT_OK, []
+    if not args.no_startup:
+        print(
+            f"verify: startup: draft CUDA-graph capture decision of {args.dp} "
+            "simulated ranks (gloo, CPU), plain TP and DP attention, one rank "
+            f"short of memory, {'stock SGLang' if args.no_fix else 'plugin on'}",
+            flush=True,
+        )
+        startup_status, startup_lines = _startup_phase(args)
+        for line in startup_lines:
+            print(line, flush=True)
+        if startup_status == EXIT_CANNOT:
+            _err(startup_lines[-1])
+            return EXIT_CANNOT
+    status = _decode_phase(args)
+    if startup_status != EXIT_OK:
+        print(
+            "verify: FAILED: the ranks' startup capture decisions diverge "
+            "(see the startup lines above)"
+        )
+        return EXIT_FAIL if status != EXIT_CANNOT else EXIT_CANNOT
+    return status
+
+
+def _decode_phase(args: argparse.Namespace) -> int:
     from sglang_dspark_dp.expectations import KNOWN_CRASH
     from sglang_dspark_dp.harness import lockstep
 
@@ -465,6 +518,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds any collective may wait (default 60)",
     )
     v.add_argument("--no-progress", action="store_true")
+    v.add_argument(
+        "--no-startup",
+        action="store_true",
+        help="skip the startup phase (the draft CUDA-graph capture decision)",
+    )
     v.set_defaults(func=cmd_verify)
     d = sub.add_parser("doctor", help="report on the installed SGLang and the plugin")
     d.add_argument("--json", action="store_true")

@@ -108,3 +108,21 @@ def test_plugin_and_doctor_need_no_benchmark_dependencies(plugin):
     proc = run_python(code)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert "repair draft-batch" in proc.stdout
+
+
+def test_verify_startup_phase_shows_the_stock_divergence_and_the_fix(plugin):
+    """``verify --no-fix`` names the diverging ranks and what each read, and
+    exits 1, on every release (DP attention diverges on all of them);
+    with the plugin every rank decides the same; ``--no-startup`` skips it."""
+    args = ["verify", "--steps", "5", "--dp", "2", "--no-progress"]
+    stock = cli([*args, "--no-fix"])
+    assert stock.returncode == 1, stock.stdout + stock.stderr[-2000:]
+    lines = [x for x in stock.stdout.splitlines() if x.startswith("startup:")]
+    assert any("DP attention" in x and "rank 1 read 0.60 GiB" in x for x in lines)
+    assert "readings (" in stock.stdout
+    fixed = cli(args)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr[-2000:]
+    lines = [x for x in fixed.stdout.splitlines() if x.startswith("startup:")]
+    assert len(lines) == 2 and all("all 2 ranks skipped" in x for x in lines)
+    skipped = cli([*args, "--no-startup"])
+    assert skipped.returncode == 0 and "startup:" not in skipped.stdout

@@ -1,0 +1,564 @@
+"""Startup consensus harness: do all ranks make the same draft CUDA-graph
+capture decision? One process per rank, the installed SGLang code, CPU only.
+
+The ranks join a ``torch.distributed`` gloo group over loopback and each
+runs the installed ``DSparkWorkerV2.init_cuda_graphs`` on a stand-in worker
+(:class:`sglang_dspark_dp.adapter.WorkerStandIn`). The method, SGLang's
+free-memory helper and its reduction are real; so is ``SpecTpSync`` where
+the release has it, built on the group the worker builds it on. What stands
+in:
+
+- each rank's free memory (the helper's CPU branch is made to find the
+  configured amount: ``psutil``'s available memory, one NUMA node, no cgroup
+  cap) and the worker's platform checks (answer CUDA);
+- the groups: the capture group is every TP rank (plain TP, or DP attention
+  with a DeepSeek-V4/MoE draft, whose graphs capture on the full TP group);
+  under DP attention ``SpecTpSync`` gets the attention-TP group;
+- the draft runner's capture, which records the decision and, with
+  ``barrier`` on, enters a barrier on the capture group as
+  ``FullCudaGraphBackend``'s capture does. A rank that skips capture never
+  enters it, so the capturing ranks time out there: a detected hang.
+
+The parent collects one report per rank; every collective has a timeout and
+the parent kills whatever is left. ``fix=False`` runs stock SGLang (the
+startup-capture repair uninstrumented in every rank), ``fix=True`` the
+repair instrumented in every rank with ``REPAIR.instrument(apply=True)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import math
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from typing import Any
+
+MAX_WORLD = 16
+#: Free memory of the ranks that are not short of it (GiB).
+PLENTY_GIB = 40.0
+#: Free memory of the one rank that is, by default (GiB).
+SHORT_GIB = 0.6
+
+CAPTURED = "captured"
+SKIPPED = "skipped"
+HUNG = "hung"
+ERROR = "error"
+
+SPEC_TP_SYNC_ENV = "SGLANG_SPEC_TP_SYNC"
+
+#: ``(tp, dp)`` of the topologies ``verify`` runs: plain TP 2/4/8 and DP
+#: attention with attention TP 1 (the configuration of SGLang issue #39886).
+STANDARD_TOPOLOGIES: tuple[tuple[int, int], ...] = ((2, 1), (4, 1), (8, 1), (4, 4))
+
+
+class CannotRun(Exception):
+    """The harness cannot run (bad input, no DSpark worker, port in use...)."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StartupConfig:
+    """One startup to run.
+
+    ``tp`` ranks in all; ``dp > 1`` turns DP attention on (attention TP
+    ``tp // dp``). ``free_gib``: each rank's free memory in GiB (None: 40 GiB
+    everywhere but the last rank, which has 0.6). ``spec_tp_sync``: a value
+    for ``SGLANG_SPEC_TP_SYNC`` in the ranks (None: left as it is).
+    ``hang_s``: how long a capture barrier waits for its peers before the
+    run counts it as a hang. ``timeout_s``: the whole run's bound.
+    """
+
+    tp: int = 4
+    dp: int = 1
+    free_gib: tuple[float, ...] | None = None
+    fix: bool = True
+    timeout_s: float = 60.0
+    hang_s: float = 3.0
+    barrier: bool = True
+    spec_tp_sync: str | None = None
+    port: int = 0
+
+    @property
+    def attn_tp(self) -> int:
+        return self.tp // self.dp
+
+    @property
+    def dp_attention(self) -> bool:
+        return self.dp > 1
+
+    def free(self) -> tuple[float, ...]:
+        """Each rank's free memory (GiB)."""
+        if self.free_gib is not None:
+            return tuple(float(x) for x in self.free_gib)
+        if self.tp == 1:
+            return (SHORT_GIB,)
+        return (PLENTY_GIB,) * (self.tp - 1) + (SHORT_GIB,)
+
+    def describe(self) -> str:
+        if self.dp_attention:
+            return f"TP {self.tp}, DP attention {self.dp} (attention TP {self.attn_tp})"
+        return f"TP {self.tp}"
+
+    def validate(self) -> None:
+        if not _is_int(self.tp) or not 1 <= self.tp <= MAX_WORLD:
+            raise CannotRun(
+                f"tp must be an integer between 1 and {MAX_WORLD}, got {self.tp!r}"
+            )
+        if not _is_int(self.dp) or not 1 <= self.dp <= self.tp:
+            raise CannotRun(
+                f"dp must be an integer between 1 and tp ({self.tp}), got {self.dp!r}"
+            )
+        if self.tp % self.dp:
+            raise CannotRun(f"dp must divide tp (tp={self.tp}), got dp={self.dp}")
+        if self.free_gib is not None:
+            try:
+                values = tuple(self.free_gib)
+            except TypeError:
+                raise CannotRun(
+                    f"free_gib must be one number per rank, got {self.free_gib!r}"
+                ) from None
+            if len(values) != self.tp:
+                raise CannotRun(
+                    f"free_gib must have one value per rank (tp={self.tp}), got "
+                    f"{len(values)}: {self.free_gib!r}"
+                )
+            for i, value in enumerate(values):
+                if not _is_number(value) or value < 0:
+                    raise CannotRun(
+                        f"free_gib[{i}] must be a finite number of GiB >= 0, got "
+                        f"{value!r}"
+                    )
+        for field in ("timeout_s", "hang_s"):
+            value = getattr(self, field)
+            if not _is_number(value) or value <= 0:
+                raise CannotRun(f"{field} must be a positive number, got {value!r}")
+        if self.hang_s >= self.timeout_s:
+            raise CannotRun(
+                f"hang_s must be less than timeout_s ({self.timeout_s}), got "
+                f"{self.hang_s!r}"
+            )
+        if not _is_int(self.port) or not 0 <= self.port <= 65535:
+            raise CannotRun(f"port must be an integer 0-65535, got {self.port!r}")
+        if self.spec_tp_sync is not None and not isinstance(self.spec_tp_sync, str):
+            raise CannotRun(
+                f"spec_tp_sync must be a string or None, got {self.spec_tp_sync!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class RankOutcome:
+    """What one rank read and decided."""
+
+    rank: int
+    dp_rank: int
+    free_gib: float  # the free memory it was given
+    read_gib: float | None  # the figure its decision compared (None: none read)
+    reduced: bool  # that figure was reduced over the capture group
+    decision: str  # CAPTURED | SKIPPED | HUNG | ERROR
+    detail: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.decision in (CAPTURED, SKIPPED)
+
+    def describe(self) -> str:
+        """``read 0.60 GiB (its own) and skipped draft capture``."""
+        if self.read_gib is None:
+            read = "read no free memory"
+        else:
+            how = "capture-group minimum" if self.reduced else "rank-local"
+            read = f"read {self.read_gib:.2f} GiB ({how})"
+        if self.decision == CAPTURED:
+            return f"{read} and captured the draft CUDA graphs"
+        if self.decision == SKIPPED:
+            return f"{read} and skipped draft CUDA-graph capture"
+        if self.decision == HUNG:
+            return f"{read}, entered draft capture and hung ({self.detail})"
+        return f"{read} and failed ({self.detail})"
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(str(r) for r in ranks)
+
+
+@dataclasses.dataclass
+class StartupResult:
+    config: StartupConfig
+    sglang_version: str
+    #: The startup-capture repair's status in the ranks (``Status.as_dict()``).
+    repair: dict[str, Any]
+    ranks: tuple[RankOutcome, ...]
+    seconds: float
+
+    @property
+    def agree(self) -> bool:
+        """Every rank finished ``init_cuda_graphs`` with the same decision."""
+        return all(r.finished for r in self.ranks) and (
+            len({r.decision for r in self.ranks}) == 1
+        )
+
+    @property
+    def hung(self) -> bool:
+        return any(r.decision == HUNG for r in self.ranks)
+
+    @property
+    def decision(self) -> str | None:
+        """The ranks' common decision (None: they do not agree)."""
+        return self.ranks[0].decision if self.agree else None
+
+    @property
+    def expected(self) -> str:
+        """What all ranks should decide: skip if any rank is short."""
+        cutoff = _cutoff()
+        return SKIPPED if min(self.config.free()) < cutoff else CAPTURED
+
+    @property
+    def correct(self) -> bool:
+        return self.agree and self.decision == self.expected
+
+    @property
+    def divergence(self) -> str:
+        """Empty when the ranks agree; else which ranks did what."""
+        if self.agree:
+            return ""
+        groups: dict[str, list[int]] = {}
+        for r in self.ranks:
+            groups.setdefault(r.describe(), []).append(r.rank)
+        parts = [f"{_ranks_text(ranks)} {text}" for text, ranks in groups.items()]
+        head = "startup hang: " if self.hung else "ranks disagree on draft capture: "
+        return head + "; ".join(parts)
+
+    def summary(self) -> str:
+        """One line for the CLI."""
+        where = f"{self.config.describe()}, {'fixed' if self.config.fix else 'stock'}"
+        if not self.agree:
+            return f"{where}: {self.divergence}"
+        r = self.ranks[0]
+        if len(self.ranks) == 1:
+            how = "one rank, nothing to reduce"
+        elif all(x.reduced for x in self.ranks):
+            how = "reduced over the capture group"
+        else:
+            how = "each rank its own reading"
+        verdict = "" if self.correct else f" (expected: {self.expected})"
+        who = f"all {len(self.ranks)} ranks" if len(self.ranks) > 1 else "the rank"
+        return (
+            f"{where}: {who} {r.decision} draft CUDA graphs "
+            f"({how}; min free {min(self.config.free()):.2f} GiB, cutoff "
+            f"{_cutoff():.1f} GiB){verdict}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "config": dataclasses.asdict(self.config),
+            "sglang": self.sglang_version,
+            "repair": dict(self.repair),
+            "agree": self.agree,
+            "hung": self.hung,
+            "decision": self.decision,
+            "expected": self.expected,
+            "divergence": self.divergence,
+            "ranks": [dataclasses.asdict(r) for r in self.ranks],
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _cutoff() -> float:
+    from sglang_dspark_dp.adapter import CAPTURE_CUTOFF_GIB
+
+    return CAPTURE_CUTOFF_GIB
+
+
+# --------------------------------------------------------------------------
+# One rank.
+# --------------------------------------------------------------------------
+
+
+class _Group:
+    """Stands in for SGLang's ``GroupCoordinator``: its size, this rank's
+    place in it, its gloo ``cpu_group`` and the barrier over it."""
+
+    def __init__(self, ranks: list[int], rank: int, pg: Any) -> None:
+        self.ranks = list(ranks)
+        self.world_size = len(ranks)
+        self.rank_in_group = self.ranks.index(rank)
+        self.cpu_group = pg
+        self.device_group = pg
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self.cpu_group)
+
+    def broadcast(self, tensor: Any, src: int = 0) -> Any:
+        import torch.distributed as dist
+
+        if self.world_size > 1:
+            dist.broadcast(tensor, src=self.ranks[src], group=self.cpu_group)
+        return tensor
+
+    def __repr__(self) -> str:
+        return f"_Group(ranks={self.ranks})"
+
+
+def _groups(dist: Any, rank: int, cfg: StartupConfig) -> tuple[_Group, _Group]:
+    """``(capture group, the group SpecTpSync is built on)``; every rank
+    creates every group, in the same order."""
+    hang = datetime.timedelta(seconds=cfg.hang_s)
+    everyone = list(range(cfg.tp))
+    capture = _Group(everyone, rank, dist.new_group(everyone, timeout=hang))
+    if not cfg.dp_attention:
+        return capture, capture
+    mine = None
+    for d in range(cfg.dp):
+        ranks = list(range(d * cfg.attn_tp, (d + 1) * cfg.attn_tp))
+        pg = None
+        if cfg.attn_tp > 1:
+            pg = dist.new_group(
+                ranks, timeout=datetime.timedelta(seconds=cfg.timeout_s)
+            )
+        if rank in ranks:
+            mine = _Group(ranks, rank, pg)
+    assert mine is not None
+    return capture, mine
+
+
+def _rank_main(rank: int, cfg: StartupConfig, port: int, results, release) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if cfg.spec_tp_sync is not None:
+        os.environ[SPEC_TP_SYNC_ENV] = cfg.spec_tp_sync
+    try:
+        report = _rank_run(rank, cfg, port)
+    except Exception as exc:
+        report = {
+            "decision": ERROR,
+            "detail": "".join(traceback.format_exception(exc))[-2000:],
+        }
+    results.put((rank, report))
+    # Stay alive (as a rank that moved on with startup) until the parent has
+    # every report, so no peer sees a closed connection instead of a hang.
+    release.wait(cfg.timeout_s)
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.srt.speculative.dspark_components import (
+        dspark_worker_v2 as startup_repair,
+    )
+
+    torch.set_num_threads(1)
+    module, cls = adapter.load_worker()
+    # The stock warning of a rank that skips capture is the decision this
+    # harness reports; keep it out of the output.
+    logging.getLogger(module.__name__).setLevel(logging.ERROR)
+    repair = startup_repair.REPAIR
+    if cfg.fix:
+        status = repair.instrument(apply=True)
+    else:
+        repair.uninstrument()
+        status = repair.status()
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=cfg.tp,
+        timeout=datetime.timedelta(seconds=cfg.timeout_s),
+    )
+    capture, dp_tp = _groups(dist, rank, cfg)
+    told: list[bool] = []
+    in_barrier: list[bool] = []
+
+    def draft_capture(capture_decode_cuda_graph: bool) -> None:
+        told.append(capture_decode_cuda_graph)
+        if capture_decode_cuda_graph and cfg.barrier:
+            in_barrier.append(True)
+            capture.barrier()  # as FullCudaGraphBackend's capture_one does
+            in_barrier.clear()
+
+    worker = adapter.WorkerStandIn(
+        module,
+        capture_group=capture,
+        dp_tp_group=dp_tp,
+        on_capture=draft_capture,
+    )
+    recorded = adapter.RecordedReadings(adapter.memory_helper_sites(module, worker))
+    decision, detail = ERROR, ""
+    free = cfg.free()[rank]
+    with (
+        adapter.pretend_cuda(module),
+        adapter.injected_free_memory(free),
+        recorded,
+    ):
+        try:
+            getattr(cls, adapter.INIT_GRAPHS)(worker)
+            if not told:
+                detail = "init_cuda_graphs returned without a capture decision"
+            else:
+                decision = CAPTURED if told[-1] else SKIPPED
+        except Exception as exc:
+            if in_barrier:
+                decision = HUNG
+                detail = f"no peer reached the capture barrier within {cfg.hang_s:g} s"
+            else:
+                detail = f"{type(exc).__name__}: {exc}"[-500:]
+    reading = recorded.readings[-1] if recorded.readings else None
+    return {
+        "decision": decision,
+        "detail": detail,
+        "read_gib": None if reading is None else reading.value,
+        "reduced": bool(
+            reading is not None
+            and reading.distributed
+            and reading.cpu_group is capture.cpu_group
+            and capture.world_size > 1
+        ),
+        "status": status.as_dict(),
+    }
+
+
+# --------------------------------------------------------------------------
+# Parent.
+# --------------------------------------------------------------------------
+
+
+def _free_port(port: int) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise CannotRun(f"loopback port {port} is in use ({exc.strerror})") from exc
+        return s.getsockname()[1]
+
+
+def run_startup(cfg: StartupConfig) -> StartupResult:
+    """Run one startup; raises :class:`CannotRun` for bad input or when the
+    installed SGLang has no DSpark worker to drive."""
+    cfg.validate()
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.outcome import DidNotEnable
+    from sglang_dspark_dp.package import installed_sglang_version
+
+    try:
+        adapter.load_worker()  # imported here, so forked ranks start warm
+    except DidNotEnable as exc:
+        raise CannotRun(str(exc)) from exc
+    port = _free_port(cfg.port)
+    ctx = mp.get_context(os.environ.get("SGLANG_DSPARK_DP_START_METHOD", "fork"))
+    results = ctx.Queue()
+    release = ctx.Event()
+    procs = [
+        ctx.Process(
+            target=_rank_main, args=(r, cfg, port, results, release), daemon=True
+        )
+        for r in range(cfg.tp)
+    ]
+    start = time.monotonic()
+    deadline = start + cfg.timeout_s
+    reports: dict[int, dict[str, Any]] = {}
+    try:
+        for p in procs:
+            p.start()
+        while len(reports) < cfg.tp and time.monotonic() < deadline:
+            try:
+                rank, report = results.get(timeout=0.2)
+                reports[rank] = report
+                continue
+            except queue.Empty:
+                pass
+            for r, p in enumerate(procs):
+                if r not in reports and p.exitcode is not None:
+                    # Its report may still be in flight; give it a moment.
+                    try:
+                        rank, report = results.get(timeout=1.0)
+                        reports[rank] = report
+                    except queue.Empty:
+                        reports[r] = {
+                            "decision": ERROR,
+                            "detail": f"the rank's process died (exit code "
+                            f"{p.exitcode})",
+                        }
+    finally:
+        release.set()
+        for p in procs:
+            p.join(timeout=5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        results.close()
+    free = cfg.free()
+    ranks = []
+    for r in range(cfg.tp):
+        report = reports.get(r)
+        if report is None:
+            report = {
+                "decision": HUNG,
+                "detail": f"no report within {cfg.timeout_s:g} s (killed)",
+            }
+        ranks.append(
+            RankOutcome(
+                rank=r,
+                dp_rank=r // cfg.attn_tp if cfg.dp_attention else 0,
+                free_gib=free[r],
+                read_gib=report.get("read_gib"),
+                reduced=bool(report.get("reduced", False)),
+                decision=report["decision"],
+                detail=report.get("detail", ""),
+            )
+        )
+    status = next(
+        (rep["status"] for _, rep in sorted(reports.items()) if "status" in rep), {}
+    )
+    return StartupResult(
+        config=cfg,
+        sglang_version=installed_sglang_version() or "unknown",
+        repair=status,
+        ranks=tuple(ranks),
+        seconds=time.monotonic() - start,
+    )
+
+
+def run_matrix(
+    *,
+    fix: bool = True,
+    topologies: tuple[tuple[int, int], ...] = STANDARD_TOPOLOGIES,
+    **config: Any,
+) -> list[StartupResult]:
+    """:func:`run_startup` for each ``(tp, dp)`` (default free memory: one
+    rank short); ``config`` goes to every :class:`StartupConfig`."""
+    return [
+        run_startup(StartupConfig(tp=tp, dp=dp, fix=fix, **config))
+        for tp, dp in topologies
+    ]

@@ -1,0 +1,285 @@
+"""The startup-capture repair: every rank of the draft's capture group
+decides draft CUDA-graph capture from the same free-memory figure.
+
+Counterpart of ``sglang/srt/speculative/dspark_components/dspark_worker_v2.py``
+(SGLang issue #39886). ``DSparkWorkerV2.init_cuda_graphs`` skips draft
+capture when less than 1 GiB is free, but reads only this rank's free
+memory. Ranks on opposite sides of the cutoff then disagree: the capturing
+ranks wait in ``FullCudaGraphBackend``'s capture barriers on the TP group
+for ranks that never come, and startup hangs.
+
+- Releases that call ``get_available_gpu_memory`` by the worker module's own
+  name (0.5.16, 0.5.17) never ask for the distributed reading.
+- Releases that go through ``SpecTpSync.available_memory_gb`` (0.5.23) pass
+  the capture group, but ``SpecTpSync`` is built on ``get_dp_tp_group()``;
+  under DP attention with attention TP 1 that group has one rank, the
+  constructor drops every sync site, and the reading stays rank-local.
+
+The hook is an AROUND hook on ``init_cuda_graphs``. For that call only, the
+reading is asked for with ``distributed=True`` over the capture group's
+``cpu_group``; SGLang's own helper then all-reduces the minimum. The first
+shape swaps the worker module's name for the helper; the second overrides
+``available_memory_gb`` on this worker's ``SpecTpSync`` instance for the
+``DSPARK_MEM`` site only (no other sync site is enabled, whatever
+``SGLANG_SPEC_TP_SYNC`` says, and that one site is reduced even if the
+variable leaves it out: a disagreement here is a hang, not a numerical
+divergence to study). Nothing is reimplemented: the reading, the reduction
+and the decision are SGLang's.
+
+Why the reduction cannot deadlock: every rank of the capture group runs
+``init_cuda_graphs`` once at startup, with the same server arguments and the
+same platform (they are one pipeline stage's TP ranks, so ``_hosts_draft``
+is the same for all of them). Whether the stock code reads memory at all
+depends only on that configuration, never on a rank's own state, so either
+every rank of the group enters the reduction or none does, and they enter it
+at the same point of startup. Cost: one small CPU-group (gloo) all-reduce of
+one float per process at startup; nothing per step.
+
+Nothing is decided by version string. :func:`probe` runs the installed
+``init_cuda_graphs`` on CPU on a stand-in worker whose capture group has two
+ranks (``SpecTpSync``, where the release has it, built on a one-rank group
+as under DP attention with attention TP 1), with a recorder in place of the
+memory helper, and looks at how the reading is requested. Already reduced
+over the capture group (a later release): nothing is patched. Then the same
+probe runs through the hook to check that the hook makes it so.
+
+At call time: a worker that does not host the draft, or whose capture group
+has one rank, goes straight to the original. If the capture group cannot be
+found, one warning line is logged and the original runs unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+from sglang_dspark_dp import adapter
+from sglang_dspark_dp.adapter import INIT_GRAPHS, STARTUP_TARGET
+from sglang_dspark_dp.outcome import DidNotEnable
+from sglang_dspark_dp.registry import Hook, NotNeeded, Repair
+
+logger = logging.getLogger("sglang_dspark_dp")
+
+#: How the installed release asks for its reading.
+SHAPE_MODULE_NAME = "module-name"  # the worker module's name for the helper
+SHAPE_TP_SYNC = "tp-sync"  # SpecTpSync.available_memory_gb
+
+_WHY = {
+    SHAPE_MODULE_NAME: (
+        "the draft CUDA-graph capture decision reads this rank's free memory only"
+    ),
+    SHAPE_TP_SYNC: (
+        "SpecTpSync leaves the draft capture decision's free-memory reading "
+        "rank-local when its own group has one rank (DP attention, attention TP 1)"
+    ),
+}
+
+#: What the probe's recorder answers (above the cutoff: the stock code then
+#: takes its capture path and logs nothing).
+_PROBE_GIB = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    """How ``init_cuda_graphs`` asked for its free-memory reading."""
+
+    readings: tuple[adapter.MemoryReading, ...]
+    via_tp_sync: bool  # it went through the worker's SpecTpSync
+    capture_cpu_group: Any  # the stand-in capture group's token
+    captured: bool | None  # what the stand-in draft worker was told
+
+    @property
+    def reduced(self) -> bool:
+        """Some reading was requested distributed over the capture group."""
+        return any(
+            r.distributed and r.cpu_group is self.capture_cpu_group
+            for r in self.readings
+        )
+
+    @property
+    def shape(self) -> str | None:
+        if self.via_tp_sync:
+            return SHAPE_TP_SYNC
+        if any(r.where == adapter.WORKER_MODULE for r in self.readings):
+            return SHAPE_MODULE_NAME
+        return None
+
+    def describe(self) -> str:
+        if not self.readings:
+            return "no free-memory reading"
+        r = self.readings[-1]
+        how = "reduced over the capture group" if self.reduced else "rank-local"
+        via = (
+            "SpecTpSync.available_memory_gb"
+            if self.via_tp_sync
+            else f"{r.where}.{adapter.MEMORY_HELPER}"
+        )
+        return f"{how} (via {via}, distributed={r.distributed})"
+
+
+def probe(module: Any, cls: type, around: Any = None) -> ProbeResult:
+    """Run the installed ``init_cuda_graphs`` (as SGLang wrote it, under any
+    applied hook; through ``around`` if given) on a CPU stand-in; record how
+    the reading is asked for. Raises DidNotEnable when the installed method
+    cannot be driven that way."""
+    group = adapter.ProbeGroup(world_size=2)
+    singleton = adapter.ProbeGroup(world_size=1)
+    told: list[bool] = []
+    try:
+        worker = adapter.WorkerStandIn(
+            module, capture_group=group, dp_tp_group=singleton, on_capture=told.append
+        )
+    except Exception as exc:
+        raise DidNotEnable(
+            f"could not build a stand-in for {adapter.WORKER}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    calls: list[Any] = []
+    swaps = []
+    tp_sync = vars(worker).get("_tp_sync")
+    if tp_sync is not None:
+        stock = tp_sync.available_memory_gb
+
+        @functools.wraps(stock)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls.append(args)
+            return stock(*args, **kwargs)
+
+        swaps.append((tp_sync, "available_memory_gb", counted))
+    fn = adapter.stock_init_graphs(cls)
+    recorded = adapter.RecordedReadings(
+        adapter.memory_helper_sites(module, worker), value=_PROBE_GIB
+    )
+    try:
+        with adapter.pretend_cuda(module), adapter.AttrSwap(*swaps), recorded:
+            if around is None:
+                fn(worker)
+            else:
+                around(fn, worker)
+    except Exception as exc:
+        raise DidNotEnable(
+            f"could not drive the installed {adapter.WORKER}.{INIT_GRAPHS} on a "
+            f"CPU stand-in: {type(exc).__name__}: {exc}"
+        ) from exc
+    return ProbeResult(
+        readings=tuple(recorded.readings),
+        via_tp_sync=bool(calls),
+        capture_cpu_group=group.cpu_group,
+        captured=told[-1] if told else None,
+    )
+
+
+def _stock_decision(original: Any, worker: Any, args: Any, kwargs: Any, why: str):
+    logger.warning(
+        "sglang-dspark-dp: startup-capture: %s; draft CUDA-graph capture is "
+        "decided from this rank's own free memory (stock behaviour)",
+        why,
+    )
+    return original(worker, *args, **kwargs)
+
+
+def make_around(module: Any, shape: str) -> Any:
+    """The AROUND hook on ``init_cuda_graphs`` for the probed ``shape``."""
+
+    def reduce_startup_reading(original: Any, worker: Any, *args: Any, **kwargs: Any):
+        if not adapter.hosts_draft(worker):
+            return original(worker, *args, **kwargs)
+        found = adapter.capture_group(worker)
+        if found is None:
+            return _stock_decision(
+                original,
+                worker,
+                args,
+                kwargs,
+                "the draft capture group was not found on the worker (looked at "
+                + ", ".join(adapter.CAPTURE_GROUP_SOURCES)
+                + ")",
+            )
+        group, _where = found
+        if group.world_size <= 1:
+            return original(worker, *args, **kwargs)
+        try:
+            if shape == SHAPE_TP_SYNC:
+                swap = adapter.reduced_tp_sync_reading(worker, group)
+            else:
+                swap = adapter.reduced_module_reading(module, group)
+        except Exception as exc:
+            return _stock_decision(
+                original, worker, args, kwargs, f"cannot redirect the reading ({exc})"
+            )
+        with swap:
+            return original(worker, *args, **kwargs)
+
+    return reduce_startup_reading
+
+
+class StartupCaptureRepair(Repair):
+    """Reduces the draft worker's startup free-memory reading to the capture
+    group's minimum, so all its ranks capture or all skip."""
+
+    name = "startup-capture"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.probe_result: ProbeResult | None = None
+        self.shape: str | None = None
+
+    def setup_once(self) -> Hook | NotNeeded:
+        module, cls = adapter.load_worker()
+        adapter.hook_registry()  # DidNotEnable without SGLang's plugin API
+        stock = probe(module, cls)
+        self.probe_result = stock
+        detail: dict[str, Any] = {
+            "target": STARTUP_TARGET,
+            "stock_reading": stock.describe(),
+            "cutoff_gib": adapter.CAPTURE_CUTOFF_GIB,
+        }
+        if stock.reduced:
+            return NotNeeded(
+                "the DSpark draft worker already reduces its startup free-memory "
+                "reading over the capture group; nothing patched",
+                detail,
+            )
+        if not stock.readings:
+            raise DidNotEnable(
+                f"{adapter.WORKER}.{INIT_GRAPHS} read no free memory through "
+                f"{adapter.MEMORY_HELPER} on the probe; its capture decision is "
+                "not one this repair can reach"
+            )
+        shape = stock.shape
+        if shape is None:
+            raise DidNotEnable(
+                f"{adapter.WORKER}.{INIT_GRAPHS} reads free memory in a way this "
+                f"repair cannot redirect ({stock.describe()})"
+            )
+        around = make_around(module, shape)
+        check = probe(module, cls, around=around)
+        if not check.reduced:
+            raise DidNotEnable(
+                "the hook did not make the startup reading reduce over the capture "
+                f"group ({check.describe()})"
+            )
+        self.shape = shape
+        detail["shape"] = shape
+        detail["repaired_reading"] = check.describe()
+        via = (
+            "SpecTpSync.available_memory_gb (DSPARK_MEM only)"
+            if shape == SHAPE_TP_SYNC
+            else f"{adapter.WORKER_MODULE.rpartition('.')[2]}.{adapter.MEMORY_HELPER}"
+        )
+        return Hook(
+            target=STARTUP_TARGET,
+            owner=cls,
+            attr=INIT_GRAPHS,
+            around=around,
+            reason=(
+                f"{_WHY[shape]}; reducing it to the capture group's minimum at "
+                f"startup (via {via})"
+            ),
+            detail=detail,
+        )
+
+
+REPAIR = StartupCaptureRepair()

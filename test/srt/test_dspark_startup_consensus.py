@@ -1,0 +1,394 @@
+"""The startup-capture repair (SGLang issue #39886): every rank of the draft's
+capture group makes the same draft CUDA-graph capture decision.
+
+The gloo runs drive the installed ``DSparkWorkerV2.init_cuda_graphs`` in one
+process per rank (:mod:`sglang_dspark_dp.harness.startup`), one rank short of
+memory (0.6 GiB) and the others not (40 GiB); the capturing ranks enter a
+barrier on the capture group, as the real capture does, so a disagreement
+shows as a detected hang. The other tests drive the method in this process
+on a stand-in worker, with a recorder in place of SGLang's memory helper.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import time
+
+import pytest
+from known_releases import known
+
+from sglang_dspark_dp import adapter
+from sglang_dspark_dp.harness import startup
+from sglang_dspark_dp.outcome import Outcome
+from sglang_dspark_dp.registry import NotNeeded
+from sglang_dspark_dp.srt.speculative.dspark_components import dspark_worker_v2
+
+REPAIR = dspark_worker_v2.REPAIR
+
+#: Which topologies each tested release's stock worker gets wrong with the
+#: default environment: 0.5.16/0.5.17 read rank-local memory everywhere;
+#: 0.5.23 reduces through SpecTpSync on plain TP but not under DP attention
+#: with attention TP 1 (its SpecTpSync group has one rank and drops every
+#: site). On 0.5.23 plain TP goes wrong once SGLANG_SPEC_TP_SYNC leaves the
+#: dspark-mem site out.
+#: The SGLANG_SPEC_TP_SYNC value that takes the memory site out.
+NO_MEM_SITE = "all,-dspark-mem"
+
+TOPOLOGIES = {
+    "tp2": dict(tp=2),
+    "tp4": dict(tp=4),
+    "tp8": dict(tp=8),
+    "dp4": dict(tp=4, dp=4),  # DP attention, attention TP 1 (MoE draft)
+}
+HANG_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def worker():
+    return adapter.load_worker()
+
+
+@pytest.fixture
+def restore_repair():
+    """Leave the repair as the test found it."""
+    was = REPAIR.instrumented
+    yield REPAIR
+    if was:
+        REPAIR.instrument(apply=True)
+    else:
+        REPAIR.uninstrument()
+
+
+def stock_wrong(version: str, kind: str) -> bool:
+    if known(version) is None:
+        pytest.skip(f"stock behaviour of sglang {version} is not recorded")
+    return known(version)[f"startup_{kind}"]
+
+
+def no_children_left() -> bool:
+    deadline = time.monotonic() + 10
+    while mp.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not mp.active_children()
+
+
+def run(**kwargs) -> startup.StartupResult:
+    result = startup.run_startup(startup.StartupConfig(hang_s=HANG_S, **kwargs))
+    assert no_children_left()
+    assert len(result.ranks) == result.config.tp
+    return result
+
+
+# --------------------------------------------------------------------------
+# Stock SGLang: ranks on both sides of the cutoff disagree.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("topology", list(TOPOLOGIES))
+def test_stock_ranks_diverge_with_straddling_memory(worker, sglang_version, topology):
+    kind = "dp" if "dp" in TOPOLOGIES[topology] else "tp"
+    env = None if stock_wrong(sglang_version, kind) else NO_MEM_SITE
+    result = run(fix=False, spec_tp_sync=env, **TOPOLOGIES[topology])
+    assert result.repair["outcome"] == Outcome.NOT_INSTRUMENTED.value
+    assert not result.agree
+    assert result.hung, result.divergence
+    short = result.ranks[-1]
+    assert (short.decision, short.reduced) == (startup.SKIPPED, False)
+    assert short.read_gib == pytest.approx(startup.SHORT_GIB, abs=1e-3)
+    for r in result.ranks[:-1]:
+        assert (r.decision, r.reduced) == (startup.HUNG, False)
+        assert r.read_gib == pytest.approx(startup.PLENTY_GIB, abs=1e-3)
+    last = result.config.tp - 1
+    assert f"rank {last} read 0.60 GiB (rank-local) and skipped" in (result.divergence)
+    assert "40.00 GiB (rank-local), entered draft capture and hung" in (
+        result.divergence
+    )
+
+
+def test_stock_plain_tp_on_a_release_that_reduces_there(worker, sglang_version):
+    """Where a release already reduces on plain TP (0.5.23), stock agrees."""
+    if stock_wrong(sglang_version, "tp"):
+        pytest.skip(f"sglang {sglang_version} reads rank-local memory on plain TP")
+    result = run(fix=False, tp=4)
+    assert result.correct, result.divergence
+    assert all(r.reduced for r in result.ranks)
+
+
+# --------------------------------------------------------------------------
+# Repaired: one decision, from the capture group's minimum.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("topology", list(TOPOLOGIES))
+def test_repaired_ranks_all_skip_below_the_cutoff(worker, topology):
+    result = run(fix=True, **TOPOLOGIES[topology])
+    assert result.repair["outcome"] in (
+        Outcome.ENABLED.value,
+        Outcome.NOT_NEEDED.value,
+    ), result.repair
+    assert result.agree, result.divergence
+    assert result.decision == startup.SKIPPED == result.expected
+    assert result.divergence == ""
+    for r in result.ranks:
+        assert r.reduced
+        assert r.read_gib == pytest.approx(startup.SHORT_GIB, abs=1e-3)
+
+
+@pytest.mark.parametrize("topology", ["tp4", "dp4"])
+def test_repaired_ranks_all_capture_above_the_cutoff(worker, topology):
+    cfg = TOPOLOGIES[topology]
+    free = (40.0, 40.0, 1.5, 40.0)
+    result = run(fix=True, free_gib=free, **cfg)
+    assert result.agree, result.divergence
+    assert result.decision == startup.CAPTURED == result.expected
+    assert all(r.read_gib == pytest.approx(1.5, abs=1e-3) for r in result.ranks)
+
+
+def test_repaired_tp_without_the_memory_sync_site(worker):
+    """The repair reduces the memory reading even when SGLANG_SPEC_TP_SYNC
+    leaves its site out (a release with SpecTpSync); other sites are not
+    its business."""
+    result = run(fix=True, tp=2, spec_tp_sync=NO_MEM_SITE)
+    assert result.correct, result.divergence
+    assert all(r.reduced for r in result.ranks)
+
+
+def test_run_matrix_runs_each_topology(worker):
+    results = startup.run_matrix(topologies=((2, 1), (2, 2)), hang_s=HANG_S)
+    assert no_children_left()
+    assert [(r.config.tp, r.config.dp) for r in results] == [(2, 1), (2, 2)]
+    assert all(r.correct for r in results), [r.summary() for r in results]
+    assert "all 2 ranks skipped draft CUDA graphs" in results[1].summary()
+
+
+def test_single_rank_passes_through(worker):
+    result = run(fix=True, tp=1)
+    assert result.correct
+    assert result.ranks[0].reduced is False  # nothing to reduce over
+
+
+# --------------------------------------------------------------------------
+# In-process: the probe, the hook's fallbacks, instrument/uninstrument.
+# --------------------------------------------------------------------------
+
+
+def drive(cls, module, capture_group, *, free: float = 0.5):
+    """Run ``init_cuda_graphs`` (as the class holds it now) on a stand-in;
+    return (readings, capture decisions)."""
+    told: list[bool] = []
+    worker = adapter.WorkerStandIn(
+        module,
+        capture_group=capture_group,
+        dp_tp_group=adapter.ProbeGroup(1),
+        on_capture=told.append,
+    )
+    recorded = adapter.RecordedReadings(
+        adapter.memory_helper_sites(module, worker), value=free
+    )
+    with adapter.pretend_cuda(module), recorded:
+        getattr(cls, adapter.INIT_GRAPHS)(worker)
+    return recorded.readings, told
+
+
+@pytest.mark.parametrize("instrumented", [False, True])
+def test_probe_finds_the_rank_local_reading(
+    worker, sglang_version, restore_repair, instrumented
+):
+    """The probe reads the method as SGLang wrote it, hooked or not."""
+    module, cls = worker
+    if instrumented:
+        restore_repair.instrument(apply=True)
+    else:
+        restore_repair.uninstrument()
+    result = dspark_worker_v2.probe(module, cls)
+    if known(sglang_version) is not None:
+        assert result.readings and not result.reduced
+        expected = (
+            dspark_worker_v2.SHAPE_TP_SYNC
+            if hasattr(module, "SpecTpSync")
+            else dspark_worker_v2.SHAPE_MODULE_NAME
+        )
+        assert result.shape == expected
+        assert result.captured is True  # the probe's figure is above the cutoff
+
+
+def test_hook_falls_back_to_stock_when_the_group_is_missing(
+    worker, restore_repair, caplog
+):
+    module, cls = worker
+    status = restore_repair.instrument(apply=True)
+    if status.outcome is not Outcome.ENABLED:
+        pytest.skip(f"the repair is not enabled here: {status.line()}")
+    no_cpu_group = adapter.GroupShape(world_size=2, rank_in_group=0)
+    with caplog.at_level(logging.WARNING, logger="sglang_dspark_dp"):
+        readings, told = drive(cls, module, no_cpu_group, free=0.5)
+    ours = [r for r in caplog.records if r.name == "sglang_dspark_dp"]
+    assert len(ours) == 1, [r.getMessage() for r in ours]
+    assert "capture group was not found" in ours[0].getMessage()
+    assert "\n" not in ours[0].getMessage()
+    assert [r.distributed for r in readings] == [False]  # stock reading
+    assert told == [False]  # the stock decision from it (0.5 < 1.0)
+
+
+def test_hook_reduces_over_the_capture_group_in_process(worker, restore_repair):
+    module, cls = worker
+    status = restore_repair.instrument(apply=True)
+    if status.outcome is not Outcome.ENABLED:
+        pytest.skip(f"the repair is not enabled here: {status.line()}")
+    group = adapter.ProbeGroup(world_size=4, rank_in_group=1)
+    readings, told = drive(cls, module, group, free=2.0)
+    assert [(r.distributed, r.cpu_group) for r in readings] == [(True, group.cpu_group)]
+    assert told == [True]
+    # One rank: nothing to reduce over, the stock reading as it was.
+    readings, _ = drive(cls, module, adapter.ProbeGroup(world_size=1), free=2.0)
+    assert [r.distributed for r in readings] == [False]
+
+
+def test_hook_changes_nothing_outside_the_call(worker, restore_repair):
+    module, cls = worker
+    status = restore_repair.instrument(apply=True)
+    if status.outcome is not Outcome.ENABLED:
+        pytest.skip(f"the repair is not enabled here: {status.line()}")
+    helper_before = getattr(module, adapter.MEMORY_HELPER, None)
+    told: list[bool] = []
+    stand_in = adapter.WorkerStandIn(
+        module,
+        capture_group=adapter.ProbeGroup(2),
+        dp_tp_group=adapter.ProbeGroup(1),
+        on_capture=told.append,
+    )
+    recorded = adapter.RecordedReadings(
+        adapter.memory_helper_sites(module, stand_in), value=2.0
+    )
+    with adapter.pretend_cuda(module), recorded:
+        getattr(cls, adapter.INIT_GRAPHS)(stand_in)
+    assert getattr(module, adapter.MEMORY_HELPER, None) is helper_before
+    assert told == [True]
+    tp_sync = vars(stand_in).get("_tp_sync")
+    if tp_sync is not None:
+        assert "available_memory_gb" not in vars(tp_sync)
+        # No sync site was turned on (its group has one rank: none is on).
+        sites = getattr(module, "SpecTpSyncSite", ())
+        assert not any(tp_sync.enabled(site) for site in sites)
+
+
+def test_instrument_and_uninstrument_are_symmetric_and_idempotent(
+    worker, restore_repair
+):
+    module, cls = worker
+    restore_repair.uninstrument()
+    restore_repair.uninstrument()  # no-op
+    stock_fn = cls.__dict__[adapter.INIT_GRAPHS]
+    assert not adapter.is_patched(adapter.STARTUP_TARGET)
+    assert restore_repair.status().outcome is Outcome.NOT_INSTRUMENTED
+    first = restore_repair.instrument(apply=True)
+    if first.outcome is not Outcome.ENABLED:
+        pytest.skip(f"the repair is not enabled here: {first.line()}")
+    hooked = cls.__dict__[adapter.INIT_GRAPHS]
+    assert hooked is not stock_fn
+    assert adapter.is_patched(adapter.STARTUP_TARGET)
+    assert len(adapter.hooks_on(adapter.STARTUP_TARGET)) == 1
+    again = restore_repair.instrument(apply=True)
+    assert again == first
+    assert cls.__dict__[adapter.INIT_GRAPHS] is hooked
+    assert len(adapter.hooks_on(adapter.STARTUP_TARGET)) == 1
+    restore_repair.uninstrument()
+    assert cls.__dict__[adapter.INIT_GRAPHS] is stock_fn
+    assert not adapter.is_patched(adapter.STARTUP_TARGET)
+    assert adapter.hooks_on(adapter.STARTUP_TARGET) == []
+    restore_repair.uninstrument()
+    assert cls.__dict__[adapter.INIT_GRAPHS] is stock_fn
+    assert restore_repair.instrument(apply=True).outcome is Outcome.ENABLED
+    assert len(adapter.hooks_on(adapter.STARTUP_TARGET)) == 1
+
+
+# --------------------------------------------------------------------------
+# A release that already reduces over the capture group: left untouched.
+# --------------------------------------------------------------------------
+
+
+def reducing_init_cuda_graphs(self):
+    """A stand-in "fixed release": asks SGLang's helper for the capture
+    group's minimum, then decides as the stock worker does."""
+    from sglang.srt import utils
+
+    group = self.draft_model_runner.tp_group
+    many = group.world_size > 1
+    free = utils.get_available_gpu_memory(
+        self.device,
+        self.gpu_id,
+        distributed=many,
+        cpu_group=group.cpu_group if many else None,
+    )
+    self._draft_worker.init_cuda_graphs(
+        capture_decode_cuda_graph=free >= adapter.CAPTURE_CUTOFF_GIB
+    )
+
+
+def assert_left_untouched(cls):
+    before = cls.__dict__[adapter.INIT_GRAPHS]
+    hooks_before = adapter.hooks_on(adapter.STARTUP_TARGET)
+    fresh = dspark_worker_v2.StartupCaptureRepair()
+    answer = fresh.setup_once()
+    assert isinstance(answer, NotNeeded), answer
+    assert "already reduces" in answer.reason
+    status = fresh.instrument(apply=True)
+    assert status.outcome is Outcome.NOT_NEEDED, status.line()
+    assert not fresh.instrumented
+    assert cls.__dict__[adapter.INIT_GRAPHS] is before
+    assert adapter.hooks_on(adapter.STARTUP_TARGET) == hooks_before
+
+
+def test_not_needed_where_init_cuda_graphs_already_reduces(worker, monkeypatch):
+    _module, cls = worker
+    monkeypatch.setattr(cls, adapter.INIT_GRAPHS, reducing_init_cuda_graphs)
+    assert_left_untouched(cls)
+
+
+def test_not_needed_where_spec_tp_sync_keeps_its_memory_site(worker, monkeypatch):
+    """The shape of the upstream fix for 0.5.23 (PR #39954): SpecTpSync
+    reduces over the group it is handed, whatever its own group's size."""
+    module, cls = worker
+    sync_cls = getattr(module, "SpecTpSync", None)
+    if not isinstance(sync_cls, type):
+        pytest.skip("this release has no SpecTpSync")
+    sync_module = __import__(sync_cls.__module__, fromlist=["_"])
+
+    def available_memory_gb(self, site, device, gpu_id, *, group):
+        many = group.world_size > 1
+        return sync_module.get_available_gpu_memory(
+            device,
+            gpu_id,
+            distributed=many,
+            cpu_group=group.cpu_group if many else None,
+        )
+
+    monkeypatch.setattr(sync_cls, "available_memory_gb", available_memory_gb)
+    assert_left_untouched(cls)
+
+
+# --------------------------------------------------------------------------
+# Bad input.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(tp=0), ("tp", "0")),
+        (dict(tp=True), ("tp", "True")),
+        (dict(tp=6, dp=4), ("dp", "dp=4", "tp=6")),
+        (dict(tp=2, free_gib=(1.0,)), ("free_gib", "tp=2", "(1.0,)")),
+        (dict(tp=2, free_gib=(1.0, -2.0)), ("free_gib[1]", "-2.0")),
+        (dict(tp=2, free_gib=(1.0, float("nan"))), ("free_gib[1]", "nan")),
+        (dict(hang_s=5.0, timeout_s=5.0), ("hang_s", "5.0")),
+        (dict(timeout_s=0), ("timeout_s", "0")),
+    ],
+)
+def test_bad_config_names_the_field(kwargs, words):
+    with pytest.raises(startup.CannotRun) as err:
+        startup.run_startup(startup.StartupConfig(**kwargs))
+    for word in words:
+        assert word in str(err.value)
+    assert not mp.active_children()
