@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sglang_dspark_dp.drivers import DRAFT_WIDTH
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODES = ("stock", "plugin", "auto")
 SLEEP_MS = 100.0
@@ -291,7 +289,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from sglang_dspark_dp import adapter
-    from sglang_dspark_dp.drivers import builders
+    from sglang_dspark_dp.drivers import DRAFT_WIDTH, builders
     from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
         DraftDPFieldNames,
     )
@@ -299,6 +297,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         REPAIR,
     )
 
+    if args.gamma is None:
+        args.gamma = DRAFT_WIDTH
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is False")
@@ -488,10 +488,11 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
                     "--iters", str(args.iters),
                     "--dp", str(args.dp),
                     "--bs", str(args.bs),
-                    "--gamma", str(args.gamma),
                     "--mode", mode,
                     "--out", str(out),
                 ]  # fmt: skip
+                if args.gamma is not None:
+                    cmd += ["--gamma", str(args.gamma)]
                 if args.explain and mode == "stock":
                     cmd.append("--explain")
                 t0 = time.monotonic()
@@ -665,7 +666,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=3000)
     p.add_argument("--dp", type=int, default=4)
     p.add_argument("--bs", type=int, default=8)
-    p.add_argument("--gamma", type=int, default=DRAFT_WIDTH)
+    p.add_argument("--gamma", type=int, default=None,
+                   help="draft block width (default: the suite's, drivers.DRAFT_WIDTH)")  # fmt: skip
     p.add_argument("--mode", choices=MODES, default="stock",
                    help="single run: stock fill, plugin (instrument(apply=True)), "
                    "or auto (sglang.srt.plugins.load_plugins())")  # fmt: skip

@@ -151,6 +151,14 @@ def _startup_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     _quiet_sglang()
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.outcome import DidNotEnable
+
+    try:
+        adapter.load_sglang_api()  # no DSpark: one line, exit 2, first
+    except DidNotEnable as exc:
+        _err(f"cannot run: {exc}")
+        return EXIT_CANNOT
     startup_status, startup_lines = EXIT_OK, []
     if not args.no_startup:
         print(

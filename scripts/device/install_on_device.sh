@@ -54,8 +54,8 @@ import importlib.metadata as md, torch
 print('   versions:', 'sglang', md.version('sglang'), '| transformers', md.version('transformers'),
       '| tokenizers', md.version('tokenizers'), '| torch', torch.__version__,
       '| cuda', torch.cuda.is_available())
-from sglang_dspark_dp.srt.speculative import dspark_worker
-print('   plugin plan:', dspark_worker.instrument(apply=True).describe())
-" 2>&1 | grep -E "versions|plan|Error" || status=1
+from sglang_dspark_dp.registry import instrument
+for st in instrument(apply=True): print('   plugin:', st.line())
+" 2>&1 | grep -E "versions|plugin:|Error" || status=1
 done
 exit $status

@@ -29,6 +29,13 @@ KNOWN = {
         "startup_tp": True,
         "startup_dp": True,
     },
+    "0.5.18": {
+        "dp": False,
+        "local": False,
+        "blocks": True,
+        "startup_tp": True,
+        "startup_dp": True,
+    },
     "0.5.23": {
         "dp": False,
         "local": False,
