@@ -12,10 +12,13 @@ import xml.etree.ElementTree as ET
 
 import nox
 
-#: SGLang releases the suite runs against (0.5.16: affected; 0.5.17: the
-#: upstream fix; 0.5.23: latest at the time of writing), each with the
-#: fewest tests its full suite may run (passed, not skipped).
-SGLANG_VERSIONS = {"0.5.16": 300, "0.5.17": 300, "0.5.23": 290}
+#: SGLang releases the suite runs against (0.5.16: draft batch broken;
+#: 0.5.17: the upstream fix, blocking; 0.5.23: latest at the time of
+#: writing), each with the fewest tests its full suite may run (passed, not
+#: skipped; about 400 ran on each on 2026-12-03). 0.5.18 is not here: plain
+#: pip cannot install it on a CPU machine (its cuda-tile dependency is a
+#: wheel stub that downloads from pypi.nvidia.com).
+SGLANG_VERSIONS = {"0.5.16": 350, "0.5.17": 350, "0.5.23": 350}
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
