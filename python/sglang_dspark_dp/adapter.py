@@ -71,21 +71,28 @@ class SGLangAPI:
         return fn(spec_info, counts, logprob_counts)
 
 
-def load_sglang_api() -> SGLangAPI:
-    """Import what the draft-batch repair needs, or raise DidNotEnable."""
+def _dspark_class(module_name: str, cls_name: str, what: str) -> tuple[Any, type]:
+    """``(module, class)`` of a DSpark component, or DidNotEnable saying
+    which is missing."""
     try:
         importlib.import_module("sglang")
     except ImportError as exc:
         raise DidNotEnable(f"sglang is not importable ({exc})") from exc
     try:
-        draft = importlib.import_module(DRAFT_MODULE)
+        module = importlib.import_module(module_name)
     except ImportError as exc:
         raise DidNotEnable(
-            f"the installed SGLang has no DSpark draft module {DRAFT_MODULE} ({exc})"
+            f"the installed SGLang has no DSpark {what} module {module_name} ({exc})"
         ) from exc
-    proposer_cls = getattr(draft, PROPOSER, None)
-    if not isinstance(proposer_cls, type):
-        raise DidNotEnable(f"{DRAFT_MODULE} has no class {PROPOSER}")
+    cls = getattr(module, cls_name, None)
+    if not isinstance(cls, type):
+        raise DidNotEnable(f"{module_name} has no class {cls_name}")
+    return module, cls
+
+
+def load_sglang_api() -> SGLangAPI:
+    """Import what the draft-batch repair needs, or raise DidNotEnable."""
+    draft, proposer_cls = _dspark_class(DRAFT_MODULE, PROPOSER, "draft")
     for attr in (FILL, "_run_forward", "run_idle_participation"):
         if not callable(getattr(proposer_cls, attr, None)):
             raise DidNotEnable(f"{PROPOSER}.{attr} is not there (renamed target?)")
@@ -475,20 +482,7 @@ class AttrSwap:
 
 def load_worker() -> tuple[Any, type]:
     """``(dspark_worker_v2 module, DSparkWorkerV2)``, or DidNotEnable."""
-    try:
-        importlib.import_module("sglang")
-    except ImportError as exc:
-        raise DidNotEnable(f"sglang is not importable ({exc})") from exc
-    try:
-        module = importlib.import_module(WORKER_MODULE)
-    except ImportError as exc:
-        raise DidNotEnable(
-            f"the installed SGLang has no DSpark worker module {WORKER_MODULE} "
-            f"({exc})"
-        ) from exc
-    cls = getattr(module, WORKER, None)
-    if not isinstance(cls, type):
-        raise DidNotEnable(f"{WORKER_MODULE} has no class {WORKER}")
+    module, cls = _dspark_class(WORKER_MODULE, WORKER, "worker")
     fn = cls.__dict__.get(INIT_GRAPHS)
     if not callable(fn):
         raise DidNotEnable(f"{WORKER}.{INIT_GRAPHS} is not there (renamed target?)")

@@ -48,7 +48,7 @@ DECISION = (
 
 
 class CannotRun(Exception):
-    """The harness cannot run (bad input, no DSpark, port in use...)."""
+    """A harness cannot run (bad input, no DSpark, port in use...)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,7 +376,8 @@ def _judge(t, ep, everyone, counts, width) -> Failure | None:
 # --------------------------------------------------------------------------
 
 
-def _free_port(port: int) -> int:
+def free_port(port: int) -> int:
+    """``port`` (0: any free one) on loopback, or CannotRun if it is taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -404,7 +405,7 @@ def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
         adapter.load_sync_writer()  # SGLang's own sync path, or cannot run
     except DidNotEnable as exc:
         raise CannotRun(str(exc)) from exc
-    port = _free_port(cfg.port)
+    port = free_port(cfg.port)
     method = os.environ.get("SGLANG_DSPARK_DP_START_METHOD", "fork")
     ctx = mp.get_context(method)
     results = ctx.Queue()

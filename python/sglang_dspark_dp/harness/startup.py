@@ -34,10 +34,11 @@ import math
 import multiprocessing as mp
 import os
 import queue
-import socket
 import time
 import traceback
 from typing import Any
+
+from sglang_dspark_dp.harness.lockstep import CannotRun, free_port
 
 MAX_WORLD = 16
 #: Free memory of the ranks that are not short of it (GiB).
@@ -55,10 +56,6 @@ SPEC_TP_SYNC_ENV = "SGLANG_SPEC_TP_SYNC"
 #: ``(tp, dp)`` of the topologies ``verify`` runs: plain TP 2/4/8 and DP
 #: attention with attention TP 1 (the configuration of SGLang issue #39886).
 STANDARD_TOPOLOGIES: tuple[tuple[int, int], ...] = ((2, 1), (4, 1), (8, 1), (4, 4))
-
-
-class CannotRun(Exception):
-    """The harness cannot run (bad input, no DSpark worker, port in use...)."""
 
 
 def _is_int(value: Any) -> bool:
@@ -452,15 +449,6 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------
 
 
-def _free_port(port: int) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise CannotRun(f"loopback port {port} is in use ({exc.strerror})") from exc
-        return s.getsockname()[1]
-
-
 def run_startup(cfg: StartupConfig) -> StartupResult:
     """Run one startup; raises :class:`CannotRun` for bad input or when the
     installed SGLang has no DSpark worker to drive."""
@@ -473,7 +461,7 @@ def run_startup(cfg: StartupConfig) -> StartupResult:
         adapter.load_worker()  # imported here, so forked ranks start warm
     except DidNotEnable as exc:
         raise CannotRun(str(exc)) from exc
-    port = _free_port(cfg.port)
+    port = free_port(cfg.port)
     ctx = mp.get_context(os.environ.get("SGLANG_DSPARK_DP_START_METHOD", "fork"))
     results = ctx.Queue()
     release = ctx.Event()
