@@ -19,6 +19,7 @@ import pytest
 from known_releases import known
 
 from sglang_dspark_dp import adapter
+from sglang_dspark_dp.drivers import worker as standins
 from sglang_dspark_dp.harness import startup
 from sglang_dspark_dp.outcome import Outcome
 from sglang_dspark_dp.registry import NotNeeded
@@ -177,13 +178,13 @@ def drive(cls, module, capture_group, *, free: float = 0.5):
     """Run ``init_cuda_graphs`` (as the class holds it now) on a stand-in;
     return (readings, capture decisions)."""
     told: list[bool] = []
-    worker = adapter.WorkerStandIn(
+    worker = standins.WorkerStandIn(
         module,
         capture_group=capture_group,
-        dp_tp_group=adapter.ProbeGroup(1),
+        dp_tp_group=standins.ProbeGroup(1),
         on_capture=told.append,
     )
-    recorded = adapter.RecordedReadings(
+    recorded = standins.RecordedReadings(
         adapter.memory_helper_sites(module, worker), value=free
     )
     with adapter.pretend_cuda(module), recorded:
@@ -236,12 +237,12 @@ def test_hook_reduces_over_the_capture_group_in_process(worker, restore_repair):
     status = restore_repair.instrument(apply=True)
     if status.outcome is not Outcome.ENABLED:
         pytest.skip(f"the repair is not enabled here: {status.line()}")
-    group = adapter.ProbeGroup(world_size=4, rank_in_group=1)
+    group = standins.ProbeGroup(world_size=4, rank_in_group=1)
     readings, told = drive(cls, module, group, free=2.0)
     assert [(r.distributed, r.cpu_group) for r in readings] == [(True, group.cpu_group)]
     assert told == [True]
     # One rank: nothing to reduce over, the stock reading as it was.
-    readings, _ = drive(cls, module, adapter.ProbeGroup(world_size=1), free=2.0)
+    readings, _ = drive(cls, module, standins.ProbeGroup(world_size=1), free=2.0)
     assert [r.distributed for r in readings] == [False]
 
 
@@ -252,13 +253,13 @@ def test_hook_changes_nothing_outside_the_call(worker, restore_repair):
         pytest.skip(f"the repair is not enabled here: {status.line()}")
     helper_before = getattr(module, adapter.MEMORY_HELPER, None)
     told: list[bool] = []
-    stand_in = adapter.WorkerStandIn(
+    stand_in = standins.WorkerStandIn(
         module,
-        capture_group=adapter.ProbeGroup(2),
-        dp_tp_group=adapter.ProbeGroup(1),
+        capture_group=standins.ProbeGroup(2),
+        dp_tp_group=standins.ProbeGroup(1),
         on_capture=told.append,
     )
-    recorded = adapter.RecordedReadings(
+    recorded = standins.RecordedReadings(
         adapter.memory_helper_sites(module, stand_in), value=2.0
     )
     with adapter.pretend_cuda(module), recorded:

@@ -3,7 +3,7 @@ capture decision? One process per rank, the installed SGLang code, CPU only.
 
 The ranks join a ``torch.distributed`` gloo group over loopback and each
 runs the installed ``DSparkWorkerV2.init_cuda_graphs`` on a stand-in worker
-(:class:`sglang_dspark_dp.adapter.WorkerStandIn`). The method, SGLang's
+(:class:`sglang_dspark_dp.drivers.worker.WorkerStandIn`). The method, SGLang's
 free-memory helper and its reduction are real; so is ``SpecTpSync`` where
 the release has it, built on the group the worker builds it on. What stands
 in:
@@ -370,6 +370,7 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.drivers import worker as standins
     from sglang_dspark_dp.srt.speculative.dspark_components import (
         dspark_worker_v2 as startup_repair,
     )
@@ -403,13 +404,14 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
             capture.barrier()  # as FullCudaGraphBackend's capture_one does
             in_barrier.clear()
 
-    worker = adapter.WorkerStandIn(
+    worker = standins.WorkerStandIn(
         module,
+        cls,
         capture_group=capture,
         dp_tp_group=dp_tp,
         on_capture=draft_capture,
     )
-    recorded = adapter.RecordedReadings(adapter.memory_helper_sites(module, worker))
+    recorded = standins.RecordedReadings(adapter.memory_helper_sites(module, worker))
     decision, detail = ERROR, ""
     free = cfg.free()[rank]
     with (

@@ -57,6 +57,7 @@ from typing import Any
 
 from sglang_dspark_dp import adapter
 from sglang_dspark_dp.adapter import INIT_GRAPHS, STARTUP_TARGET
+from sglang_dspark_dp.drivers import worker as standins
 from sglang_dspark_dp.outcome import DidNotEnable
 from sglang_dspark_dp.registry import Hook, NotNeeded, Repair
 
@@ -85,7 +86,7 @@ _PROBE_GIB = 2.0
 class ProbeResult:
     """How ``init_cuda_graphs`` asked for its free-memory reading."""
 
-    readings: tuple[adapter.MemoryReading, ...]
+    readings: tuple[standins.MemoryReading, ...]
     via_tp_sync: bool  # it went through the worker's SpecTpSync
     capture_cpu_group: Any  # the stand-in capture group's token
     captured: bool | None  # what the stand-in draft worker was told
@@ -124,12 +125,16 @@ def probe(module: Any, cls: type, around: Any = None) -> ProbeResult:
     applied hook; through ``around`` if given) on a CPU stand-in; record how
     the reading is asked for. Raises DidNotEnable when the installed method
     cannot be driven that way."""
-    group = adapter.ProbeGroup(world_size=2)
-    singleton = adapter.ProbeGroup(world_size=1)
+    group = standins.ProbeGroup(world_size=2)
+    singleton = standins.ProbeGroup(world_size=1)
     told: list[bool] = []
     try:
-        worker = adapter.WorkerStandIn(
-            module, capture_group=group, dp_tp_group=singleton, on_capture=told.append
+        worker = standins.WorkerStandIn(
+            module,
+            cls,
+            capture_group=group,
+            dp_tp_group=singleton,
+            on_capture=told.append,
         )
     except Exception as exc:
         raise DidNotEnable(
@@ -149,7 +154,7 @@ def probe(module: Any, cls: type, around: Any = None) -> ProbeResult:
 
         swaps.append((tp_sync, "available_memory_gb", counted))
     fn = adapter.stock_init_graphs(cls)
-    recorded = adapter.RecordedReadings(
+    recorded = standins.RecordedReadings(
         adapter.memory_helper_sites(module, worker), value=_PROBE_GIB
     )
     try:

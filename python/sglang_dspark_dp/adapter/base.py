@@ -1,0 +1,67 @@
+"""Shared by the adapter's modules: finding a DSpark class, reading a
+signature, and swapping attributes for a ``with`` block."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+from sglang_dspark_dp.outcome import DidNotEnable
+
+
+def dspark_class(module_name: str, cls_name: str, what: str) -> tuple[Any, type]:
+    """``(module, class)`` of a DSpark component, or DidNotEnable saying
+    which is missing."""
+    try:
+        importlib.import_module("sglang")
+    except ImportError as exc:
+        raise DidNotEnable(f"sglang is not importable ({exc})") from exc
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise DidNotEnable(
+            f"the installed SGLang has no DSpark {what} module {module_name} ({exc})"
+        ) from exc
+    cls = getattr(module, cls_name, None)
+    if not isinstance(cls, type):
+        raise DidNotEnable(f"{module_name} has no class {cls_name}")
+    return module, cls
+
+
+_MISSING = object()
+
+
+class AttrSwap:
+    """Set ``(obj, name, value)`` attributes for a ``with`` block and put
+    back exactly what was there (an attribute that was absent from the
+    object's own ``__dict__`` is deleted again, so an instance override
+    never leaves a stale bound method behind)."""
+
+    def __init__(self, *swaps: tuple[Any, str, Any]) -> None:
+        self._swaps = swaps
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> AttrSwap:
+        for obj, name, value in self._swaps:
+            self._saved.append((obj, name, vars(obj).get(name, _MISSING)))
+            setattr(obj, name, value)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        while self._saved:
+            obj, name, old = self._saved.pop()
+            if old is _MISSING:
+                try:
+                    delattr(obj, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(obj, name, old)
+
+
+def signature_of(fn: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None

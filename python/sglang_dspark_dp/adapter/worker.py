@@ -1,0 +1,238 @@
+"""The DSpark worker's startup: ``DSparkWorkerV2.init_cuda_graphs``, its
+capture group, SGLang's free-memory helper (by module name or through
+``SpecTpSync``) and the platform checks around it."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import inspect
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+from sglang_dspark_dp.adapter.base import AttrSwap, dspark_class, signature_of
+from sglang_dspark_dp.outcome import DidNotEnable
+
+WORKER_MODULE = "sglang.srt.speculative.dspark_components.dspark_worker_v2"
+WORKER = "DSparkWorkerV2"
+INIT_GRAPHS = "init_cuda_graphs"
+#: The startup-capture repair's hook target (``HookRegistry`` spelling).
+STARTUP_TARGET = f"{WORKER_MODULE}.{WORKER}.{INIT_GRAPHS}"
+#: SGLang's free-memory helper: the name modules import it by, and the
+#: modules that define or re-export it.
+MEMORY_HELPER = "get_available_gpu_memory"
+MEMORY_HELPER_HOMES = ("sglang.srt.utils.common", "sglang.srt.utils")
+#: Below this many GiB of free memory the stock worker skips draft capture.
+CAPTURE_CUTOFF_GIB = 1.0
+#: The ``SpecTpSyncSite`` member of the startup memory reading (by name).
+MEMORY_SITE = "DSPARK_MEM"
+#: Where the worker keeps the group its draft graphs capture on, in the
+#: order they are tried: the worker's own name for it (later releases),
+#: then the draft model runner's TP group (the group ``FullCudaGraphBackend``
+#: takes its capture barriers on).
+CAPTURE_GROUP_SOURCES = ("_draft_graph_group", "draft_model_runner.tp_group")
+#: The worker's draft-sampler builder (``init_cuda_graphs`` calls it; later
+#: releases pass it the startup memory reading).
+DRAFT_SAMPLER_BUILDER = "_maybe_build_draft_sampler"
+#: The class of the worker's ``_draft_worker`` (its ``init_cuda_graphs``
+#: captures the draft graphs).
+DRAFT_WORKER_CLASS = ("sglang.srt.managers.tp_worker", "TpModelWorker")
+
+
+def load_worker() -> tuple[Any, type]:
+    """``(dspark_worker_v2 module, DSparkWorkerV2)``, or DidNotEnable."""
+    module, cls = dspark_class(WORKER_MODULE, WORKER, "worker")
+    fn = cls.__dict__.get(INIT_GRAPHS)
+    if not callable(fn):
+        raise DidNotEnable(f"{WORKER}.{INIT_GRAPHS} is not there (renamed target?)")
+    params = list(inspect.signature(fn).parameters)
+    if params != ["self"]:
+        raise DidNotEnable(
+            f"{WORKER}.{INIT_GRAPHS} has an unexpected signature ({', '.join(params)})"
+        )
+    return module, cls
+
+
+def draft_worker_class() -> type | None:
+    """The installed class of the worker's draft worker (None: not found)."""
+    module, name = DRAFT_WORKER_CLASS
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
+def proposer_class() -> type | None:
+    """The installed ``DraftBlockProposer`` (None: not found)."""
+    from sglang_dspark_dp.adapter.draft import DRAFT_MODULE, PROPOSER
+
+    try:
+        return getattr(importlib.import_module(DRAFT_MODULE), PROPOSER, None)
+    except ImportError:
+        return None
+
+
+def stock_init_graphs(cls: type) -> Any:
+    """``init_cuda_graphs`` as the installed SGLang wrote it, under any hook
+    ``HookRegistry`` applied (its wrappers name what they wrap in
+    ``__wrapped__``)."""
+    return inspect.unwrap(cls.__dict__[INIT_GRAPHS])
+
+
+def hosts_draft(worker: Any) -> bool:
+    """Whether this worker hosts the draft (False on a pipeline stage that
+    is not the last one, where ``init_cuda_graphs`` returns at once)."""
+    return vars(worker).get("_hosts_draft", True) is not False
+
+
+def capture_group(worker: Any) -> tuple[Any, str] | None:
+    """``(group, where it was found)`` for the group the worker's draft
+    graphs capture on, or None. Read from the instance's own attributes
+    (``DSparkWorkerV2.__getattr__`` forwards unknown names to the target
+    worker, whose groups are not the draft's). A group needs ``world_size``
+    and, with more than one rank, a ``cpu_group`` (as SGLang's
+    ``GroupCoordinator`` has): a ``cpu_group`` of None would make the
+    reduction run over the default group instead."""
+    state = vars(worker)
+    for where in CAPTURE_GROUP_SOURCES:
+        owner_name, _, attr = where.rpartition(".")
+        if owner_name:
+            owner = state.get(owner_name)
+            group = None if owner is None else getattr(owner, attr, None)
+        else:
+            group = state.get(where)
+        size = getattr(group, "world_size", None)
+        if not isinstance(size, int):
+            continue
+        if size <= 1 or getattr(group, "cpu_group", None) is not None:
+            return group, where
+    return None
+
+
+def _distributed_call(fn: Any, cpu_group: Any) -> Any:
+    """``fn`` (SGLang's memory helper, or whatever stands where it is looked
+    up) called with ``distributed=True, cpu_group=cpu_group``; every other
+    argument passes through."""
+    sig = signature_of(fn)
+    if sig is not None and not {"distributed", "cpu_group"} <= set(sig.parameters):
+        sig = None
+
+    @functools.wraps(fn)
+    def reading(*args: Any, **kwargs: Any) -> Any:
+        if sig is None:
+            kwargs.update(distributed=True, cpu_group=cpu_group)
+            return fn(*args, **kwargs)
+        bound = sig.bind(*args, **kwargs)
+        bound.arguments["distributed"] = True
+        bound.arguments["cpu_group"] = cpu_group
+        return fn(*bound.args, **bound.kwargs)
+
+    return reading
+
+
+def reduced_module_reading(module: Any, group: Any) -> AttrSwap:
+    """For a ``with`` block: the worker module's own name for the memory
+    helper calls it reduced over ``group`` (releases whose
+    ``init_cuda_graphs`` calls the helper by that name)."""
+    current = getattr(module, MEMORY_HELPER, None)
+    if current is None:
+        raise LookupError(f"{module.__name__} has no name {MEMORY_HELPER}")
+    return AttrSwap(
+        (module, MEMORY_HELPER, _distributed_call(current, group.cpu_group))
+    )
+
+
+def memory_helper_near(obj: Any) -> Any:
+    """The memory helper as ``obj``'s class's module looks it up (so a
+    mock or another hook there is reached), else SGLang's own."""
+    found = getattr(sys.modules.get(type(obj).__module__), MEMORY_HELPER, None)
+    if found is None:
+        found = getattr(importlib.import_module(MEMORY_HELPER_HOMES[1]), MEMORY_HELPER)
+    return found
+
+
+def reduced_tp_sync_reading(worker: Any, group: Any) -> AttrSwap:
+    """For a ``with`` block: ``worker._tp_sync.available_memory_gb`` (this
+    instance only) reduces the ``DSPARK_MEM`` reading over ``group``;
+    every other site goes to the stock method unchanged, and no other sync
+    site of ``SpecTpSync`` is touched."""
+    tp_sync = vars(worker).get("_tp_sync")
+    if tp_sync is None or not callable(getattr(tp_sync, "available_memory_gb", None)):
+        raise LookupError("the worker has no _tp_sync.available_memory_gb")
+    stock = tp_sync.available_memory_gb
+    sig = signature_of(stock)
+    if sig is None or not {"site", "device", "gpu_id"} <= set(sig.parameters):
+        raise LookupError("_tp_sync.available_memory_gb has an unexpected signature")
+    cpu_group = group.cpu_group
+
+    @functools.wraps(stock)
+    def available_memory_gb(*args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind(*args, **kwargs)
+        site = bound.arguments["site"]
+        if getattr(site, "name", None) != MEMORY_SITE:
+            return stock(*args, **kwargs)
+        helper = memory_helper_near(tp_sync)
+        return helper(
+            bound.arguments["device"],
+            bound.arguments["gpu_id"],
+            distributed=True,
+            cpu_group=cpu_group,
+        )
+
+    return AttrSwap((tp_sync, "available_memory_gb", available_memory_gb))
+
+
+def pretend_cuda(module: Any) -> AttrSwap:
+    """For a ``with`` block on CPU: the worker module's platform checks
+    answer CUDA (the stock decision reads memory only on CUDA-like
+    platforms) and its pipeline-stage scope is a no-op (it needs SGLang's
+    process groups, which a CPU stand-in does not have)."""
+    swaps: list[tuple[Any, str, Any]] = []
+    for name in ("is_cuda", "is_cuda_alike"):
+        if callable(getattr(module, name, None)):
+            swaps.append((module, name, lambda: True))
+    if callable(getattr(module, "draft_pp_context", None)):
+        swaps.append((module, "draft_pp_context", contextlib.nullcontext))
+    return AttrSwap(*swaps)
+
+
+def memory_helper_sites(module: Any, worker: Any = None) -> list[Any]:
+    """Every module whose global name for the memory helper the worker's
+    startup reading can go through: the worker module, the module of its
+    ``_tp_sync`` (if any) and the helper's homes (deduplicated)."""
+    sites = [module]
+    tp_sync = None if worker is None else vars(worker).get("_tp_sync")
+    if tp_sync is not None:
+        sync_module = sys.modules.get(type(tp_sync).__module__)
+        if sync_module is not None:
+            sites.append(sync_module)
+    for home in MEMORY_HELPER_HOMES:
+        sites.append(importlib.import_module(home))
+    out: list[Any] = []
+    for site in sites:
+        if hasattr(site, MEMORY_HELPER) and all(site is not s for s in out):
+            out.append(site)
+    return out
+
+
+def injected_free_memory(gib: float) -> AttrSwap:
+    """For a ``with`` block: SGLang's memory helper, asked about ``"cpu"``,
+    finds ``gib`` GiB free (it reads ``psutil.virtual_memory().available``
+    split over the NUMA nodes, capped by the cgroup on later releases): one
+    NUMA node, no cgroup cap, that much available."""
+    import psutil
+
+    common = importlib.import_module(MEMORY_HELPER_HOMES[0])
+    available = int(gib * (1 << 30))
+
+    def virtual_memory() -> Any:
+        return SimpleNamespace(available=available, total=max(available, 1 << 40))
+
+    swaps: list[tuple[Any, str, Any]] = [(psutil, "virtual_memory", virtual_memory)]
+    if callable(getattr(common, "get_cpu_ids_by_node", None)):
+        swaps.append((common, "get_cpu_ids_by_node", lambda: ["0"]))
+    if callable(getattr(common, "get_instance_memory_status", None)):
+        swaps.append((common, "get_instance_memory_status", lambda *_a, **_k: None))
+    return AttrSwap(*swaps)
