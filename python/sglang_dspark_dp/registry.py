@@ -46,6 +46,11 @@ class Hook:
     around: Callable[..., Any]
     reason: str  # the status line's reason when enabled
     detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: ``(module, name, value)``: names the installed module lacks that the
+    #: repaired code answers to, offered there while instrumented (e.g. a
+    #: function a later release imports into the patched module, so that a
+    #: ``mock.patch`` on it, written for that release, reaches the repair).
+    offers: tuple[tuple[Any, str, Any], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +69,7 @@ class Repair:
     def __init__(self) -> None:
         self._hook: Hook | None = None
         self._original: Any = None
+        self._offered: list[tuple[Any, str, Any]] = []
         self._status = Status(self.name, Outcome.NOT_INSTRUMENTED, "not tried yet")
 
     # -- what a subclass provides -------------------------------------
@@ -113,6 +119,10 @@ class Repair:
             self._original = answer.owner.__dict__[answer.attr]
             adapter.register_around(answer.target, answer.around)
             self._hook = answer
+            for module, name, value in answer.offers:
+                if not hasattr(module, name):
+                    setattr(module, name, value)
+                    self._offered.append((module, name, value))
             if apply:
                 adapter.apply_hooks()
         except DidNotEnable as exc:
@@ -134,6 +144,10 @@ class Repair:
         adapter.remove_hook(
             hook.target, hook.around, hook.owner, hook.attr, self._original
         )
+        while self._offered:
+            module, name, value = self._offered.pop()
+            if vars(module).get(name) is value:
+                delattr(module, name)
         self._hook = None
         self._original = None
         self._set(Outcome.NOT_INSTRUMENTED, "uninstrumented")

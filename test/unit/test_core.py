@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sglang_dspark_dp import expectations
 from sglang_dspark_dp.outcome import DidNotEnable, Outcome, Status
@@ -75,9 +76,19 @@ def draft_batch(cls=FakeForwardBatch, bs=2):
     return cls(input_ids=torch.zeros(bs * WIDTH, dtype=torch.int64))
 
 
-def derive(fb, b, *, dp=True, groups=ALL_GROUPS, buffers=None, names=None):
+def derive(
+    fb,
+    b,
+    *,
+    dp=True,
+    groups=ALL_GROUPS,
+    buffers=None,
+    names=None,
+    device_count=True,
+    honours_coordination=True,
+):
     names = names or DraftDPFieldNames.for_forward_batch(type(fb))
-    buffers = buffers or DraftDPBuffers("cpu", with_non_padded=True)
+    buffers = buffers or DraftDPBuffers("cpu")
     derive_draft_dp_metadata(
         fb,
         b,
@@ -87,6 +98,8 @@ def derive(fb, b, *, dp=True, groups=ALL_GROUPS, buffers=None, names=None):
         groups=groups,
         names=names,
         scale=fake_scale,
+        device_count=device_count,
+        honours_coordination=honours_coordination,
     )
     return names, buffers
 
@@ -109,6 +122,23 @@ def test_coordinated_counts_pass_through_unscaled():
     derive(fb, batch([4, 1], coordinated=True, graph_ok=False))
     assert fb.global_num_tokens_cpu == [4, 1]
     assert fb.can_run_dp_cuda_graph is False
+
+
+def test_the_coordination_flag_is_read_only_where_the_stock_fill_reads_it():
+    """A release whose stock fill never reads the flag scales whatever the
+    batch says (a truthy stand-in such as a ``MagicMock`` attribute must not
+    change the values)."""
+    fb = draft_batch(bs=1)
+    derive(fb, batch([4, 1], coordinated=True), honours_coordination=False)
+    assert fb.global_num_tokens_cpu == [12, 3]
+    plain = SimpleNamespace(
+        global_num_tokens=[4, 1],
+        global_num_tokens_for_logprob=[4, 1],
+        can_run_dp_cuda_graph=True,
+    )
+    fb = draft_batch(bs=1)
+    derive(fb, plain, honours_coordination=False)  # no flag at all: no error
+    assert fb.global_num_tokens_cpu == [12, 3]
 
 
 def test_attention_tp_path_writes_only_the_non_padded_counts():
@@ -158,7 +188,7 @@ def test_buffers_are_reused_and_reallocated_only_for_a_new_dp_size():
 
 def test_without_the_device_count_only_the_host_count_is_written():
     fb = draft_batch(bs=2)
-    derive(fb, batch([2, 1]), buffers=DraftDPBuffers("cpu", with_non_padded=False))
+    derive(fb, batch([2, 1]), device_count=False)
     assert fb.num_token_non_padded is None
     assert fb.num_token_non_padded_cpu == 2 * WIDTH
 
@@ -348,3 +378,91 @@ def test_the_core_imports_no_sglang():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------
+# Steady state: a repeat issues no device work, and never serves a stale value.
+# --------------------------------------------------------------------------
+
+
+class DeviceWork(TorchDispatchMode):
+    """Counts the tensor operations that write a buffer (fill_, copy_)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name.endswith("_") and not name.startswith("_"):
+            self.writes.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def step(buffers, counts, bs):
+    fb = draft_batch(bs=bs)
+    derive(fb, batch(counts), buffers=buffers)
+    return fb
+
+
+def values(fb):
+    return (
+        int(fb.num_token_non_padded),
+        fb.global_num_tokens_gpu.tolist(),
+        fb.global_num_tokens_for_logprob_gpu.tolist(),
+    )
+
+
+def test_a_repeated_step_issues_no_device_work_and_keeps_the_values():
+    buffers = DraftDPBuffers("cpu")
+    step(buffers, [2, 3], bs=2)
+    with DeviceWork() as work:
+        fb = step(buffers, [2, 3], bs=2)
+    assert work.writes == []
+    assert values(fb) == (2 * WIDTH, [6, 9], [6, 9])
+    assert fb.num_token_non_padded_cpu == 2 * WIDTH
+
+
+@pytest.mark.parametrize(
+    "then, bs, expect",
+    [
+        ([2, 4], 2, (2 * WIDTH, [6, 12], [6, 12])),  # one other rank's count
+        ([1, 3], 1, (WIDTH, [3, 9], [3, 9])),  # this rank's count
+        ([2, 3, 0, 0], 2, (2 * WIDTH, [6, 9, 0, 0], [6, 9, 0, 0])),  # DP size
+        ([0, 3], 0, (0, [0, 9], [0, 9])),  # an idle step
+    ],
+)
+def test_a_changed_input_is_written(then, bs, expect):
+    buffers = DraftDPBuffers("cpu")
+    step(buffers, [2, 3], bs=2)
+    assert values(step(buffers, then, bs=bs)) == expect
+
+
+def test_busy_idle_busy_serves_each_steps_values():
+    buffers = DraftDPBuffers("cpu")
+    seen = [values(step(buffers, c, bs)) for c, bs in (([2, 3], 2), ([0, 3], 0))]
+    seen.append(values(step(buffers, [2, 3], bs=2)))
+    assert seen == [
+        (2 * WIDTH, [6, 9], [6, 9]),
+        (0, [0, 9], [0, 9]),
+        (2 * WIDTH, [6, 9], [6, 9]),
+    ]
+
+
+def test_an_in_place_write_by_someone_else_is_overwritten_on_a_repeat():
+    """SGLang writes these tensors in place on some paths (the eager DP
+    step's ``prepare_mlp_sync_batch`` copies padded counts into
+    ``global_num_tokens_gpu``): a repeat after that must write again."""
+    buffers = DraftDPBuffers("cpu")
+    fb = step(buffers, [2, 3], bs=2)
+    fb.global_num_tokens_gpu.copy_(torch.tensor([9, 9]))  # padded by SGLang
+    fb.num_token_non_padded.fill_(99)
+    assert values(step(buffers, [2, 3], bs=2)) == (2 * WIDTH, [6, 9], [6, 9])
+
+
+def test_the_caller_mutating_its_count_list_does_not_fool_the_repeat_check():
+    buffers = DraftDPBuffers("cpu")
+    counts = [2, 3]
+    step(buffers, counts, bs=2)
+    counts[1] = 5  # the same list object, new values
+    assert values(step(buffers, counts, bs=2))[1] == [6, 15]

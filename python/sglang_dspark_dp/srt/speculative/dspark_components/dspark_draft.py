@@ -78,6 +78,9 @@ class ProbeResult:
     gaps_local: tuple[expectations.Gap, ...] = ()
     #: The stock DP fill's calls that would make the host wait for the GPU.
     blocking: tuple[str, ...] = ()
+    #: The stock DP fill passes counts through where SGLang's DP prefill
+    #: coordination already scaled them (it reads that flag).
+    honours_coordination: bool = False
 
     @property
     def affected(self) -> bool:
@@ -112,27 +115,36 @@ class _FactoryCalls(TorchFunctionMode):
 def _stock_dp_fill(api: SGLangAPI, names: DraftDPFieldNames, fb: Any, counts):
     """Run the stock DP fill once more on ``fb``; return the fields it sets
     that :func:`derive_draft_dp_metadata` does not (then it cannot be
-    replaced whole) and its calls that would block a GPU host."""
+    replaced whole), its calls that would block a GPU host, and whether it
+    passes the counts through unscaled where SGLang's DP prefill
+    coordination says they are scaled already."""
     for key in ("unscaled", "non_padded", "non_padded_cpu"):
         setattr(fb, getattr(names, key), None)
-    batch = make_schedule_batch(
-        api,
-        seq_lens=torch.full((2,), 8, dtype=torch.int64),
-        global_num_tokens=list(counts),
-    )
     proposer = build_draft_proposer(
         api, draft_model_runner=DeviceOnlyRunner("cpu"), gamma=2, dp_moe_sync=True
     )
+
+    def batch(coordinated: bool) -> Any:
+        out = make_schedule_batch(
+            api,
+            seq_lens=torch.full((2,), 8, dtype=torch.int64),
+            global_num_tokens=list(counts),
+        )
+        out.dp_spec_prefill_coordination_applied = coordinated
+        return out
+
     before = _all_fields(fb)
     calls = _FactoryCalls()
     with calls:
-        adapter.stock_fill(api)(proposer, fb, batch)
+        adapter.stock_fill(api)(proposer, fb, batch(False))
     after = _all_fields(fb)
     ours = {getattr(names, f.name) for f in dataclasses.fields(names)}
     foreign = tuple(
         sorted(k for k in after if k not in ours and after[k] is not before[k])
     )
-    return foreign, tuple(dict.fromkeys(calls.blocking))
+    adapter.stock_fill(api)(proposer, fb, batch(True))
+    passes_through = list(getattr(fb, names.scaled_cpu) or ()) == list(counts)
+    return foreign, tuple(dict.fromkeys(calls.blocking)), passes_through
 
 
 def probe(api: SGLangAPI | None = None) -> ProbeResult:
@@ -154,6 +166,7 @@ def probe(api: SGLangAPI | None = None) -> ProbeResult:
     gaps: dict[bool, list[expectations.Gap]] = {True: [], False: []}
     foreign: tuple[str, ...] = ()
     blocking: tuple[str, ...] = ()
+    coordination = False
     try:
         for dp in (True, False):
             topology = (
@@ -187,7 +200,7 @@ def probe(api: SGLangAPI | None = None) -> ProbeResult:
                     idle = driver.step(0, counts)
                     if idle is not None:
                         gaps[dp] += expectations.check(idle.fields, want(0))
-                    foreign, blocking = _stock_dp_fill(
+                    foreign, blocking, coordination = _stock_dp_fill(
                         api, names, busy.forward_batch, counts
                     )
     except DidNotEnable:
@@ -217,6 +230,7 @@ def probe(api: SGLangAPI | None = None) -> ProbeResult:
         gaps_dp=tuple(gaps[True]),
         gaps_local=tuple(gaps[False]),
         blocking=blocking,
+        honours_coordination=coordination,
     )
 
 
@@ -228,6 +242,7 @@ class RepairPlan:
     dp_calls_stock: bool
     local_groups: frozenset[str]
     guard: bool
+    honours_coordination: bool = False
 
     @classmethod
     def from_probe(cls, result: ProbeResult, *, guard: bool) -> RepairPlan:
@@ -243,6 +258,7 @@ class RepairPlan:
             dp_calls_stock=dp_calls_stock,
             local_groups=result.groups_of(result.gaps_local),
             guard=guard,
+            honours_coordination=result.honours_coordination,
         )
 
     @property
@@ -259,40 +275,53 @@ class RepairPlan:
         return f"DP-attention path: {dp}; attention-TP path: {fmt(self.local_groups)}"
 
 
-def proposer_buffers(proposer: Any, api: SGLangAPI) -> DraftDPBuffers:
-    """The proposer's persistent buffers, made on its first step."""
-    buffers = proposer.__dict__.get(_BUFFERS_ATTR)
-    if buffers is None:
-        buffers = DraftDPBuffers(
-            proposer.draft_model_runner.device,
-            with_non_padded=bool(api.enable_num_token_non_padded()),
-        )
-        proposer.__dict__[_BUFFERS_ATTR] = buffers
+def proposer_buffers(proposer: Any) -> DraftDPBuffers:
+    """The proposer's persistent buffers on its draft runner's device (read
+    where the stock fill reads it), made on its first step and remade only
+    if that device changes."""
+    device = proposer.draft_model_runner.device
+    held = proposer.__dict__.get(_BUFFERS_ATTR)
+    if held is not None and (held[0] is device or held[0] == device):
+        return held[1]
+    buffers = DraftDPBuffers(device)
+    proposer.__dict__[_BUFFERS_ATTR] = (device, buffers)
     return buffers
 
 
 def make_fill_hook(plan: RepairPlan, names: DraftDPFieldNames, api: SGLangAPI):
-    """The AROUND hook for ``DraftBlockProposer._fill_dp_moe_sync_metadata``."""
+    """The AROUND hook for ``DraftBlockProposer._fill_dp_moe_sync_metadata``.
+
+    Every input is read where the stock fill reads it: the DP switch and the
+    draft block's spec info on the proposer, the device on its draft runner,
+    the counts and the graph flag on the schedule batch, and SGLang's
+    ``enable_num_token_non_padded``/``spec_scale_global_num_tokens`` through
+    the draft module's names, looked up per call (so a ``mock.patch`` there
+    reaches the repair)."""
     dp_groups, local_groups = plan.dp_groups, plan.local_groups
-    dp_calls_stock, guard = plan.dp_calls_stock, plan.guard
-    scale = api.scale  # a method resolving SGLang's function per call
-    is_dp = adapter.dp_moe_sync
+    replaces_dp, guard = not plan.dp_calls_stock, plan.guard
+    coordination = plan.honours_coordination
+    scale, device_count = api.scale, api.enable_num_token_non_padded
+    is_dp, spec_info = adapter.dp_moe_sync, adapter.draft_spec_info
 
     def dspark_dp_fill(original, proposer, forward_batch, batch):
-        dp = is_dp(proposer)
-        if not dp or dp_calls_stock:
+        dp = is_dp(proposer) and batch.global_num_tokens is not None
+        if dp and replaces_dp:
+            groups = dp_groups
+        else:
             original(proposer, forward_batch, batch)
-        groups = dp_groups if dp else local_groups
+            groups = dp_groups if dp else local_groups
         if groups:
             derive_draft_dp_metadata(
                 forward_batch,
                 batch,
-                spec_info=forward_batch.spec_info,
+                spec_info=spec_info(proposer) if dp else None,
                 dp_moe_sync=dp,
-                buffers=proposer_buffers(proposer, api),
+                buffers=proposer_buffers(proposer),
                 groups=groups,
                 names=names,
                 scale=scale,
+                device_count=NON_PADDED in groups and device_count(),
+                honours_coordination=coordination,
             )
         if guard:
             check_draft_batch(proposer, forward_batch, batch, names=names, api=api)
@@ -345,6 +374,7 @@ class DraftBatchRepair(Repair):
             owner=api.proposer_cls,
             attr=FILL,
             around=make_fill_hook(plan, result.names, api),
+            offers=api.draft_module_offers(),
             reason=(
                 f"repairing the DSpark draft batch (missing: "
                 f"{', '.join(missing) or 'none'}; stock DP fill "
