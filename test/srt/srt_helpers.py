@@ -2,22 +2,58 @@
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import subprocess
 import sys
+import threading
+from pathlib import Path
+
+_SERVER = Path(__file__).with_name("forkserver.py")
+_lock = threading.Lock()
+_server: subprocess.Popen | None = None
+
+
+def _forkserver() -> subprocess.Popen:
+    """The session's fork server (see ``forkserver.py``), started on first use."""
+    global _server
+    if _server is None or _server.poll() is not None:
+        env = dict(os.environ)
+        env.pop("SGLANG_PLUGINS", None)
+        _server = subprocess.Popen(
+            [sys.executable, str(_SERVER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        ready = _server.stdout.readline()
+        if not ready.startswith('{"ready"'):
+            raise RuntimeError(f"the fork server did not start: {ready!r}")
+        atexit.register(_server.kill)
+    return _server
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 240):
-    """Run ``code`` in a fresh interpreter (a fresh plugin load)."""
-    full_env = dict(os.environ)
-    full_env.pop("SGLANG_PLUGINS", None)
-    full_env.update(env or {})
-    return subprocess.run(
+    """Run ``code`` as ``python -c`` would, in a fresh process that has
+    imported SGLang and nothing of the plugin (a fork of the session's fork
+    server): a fresh plugin load, without paying for SGLang's import again.
+    Returns what ``subprocess.run`` would (returncode, stdout, stderr)."""
+    request = {"code": code, "env": dict(env or {}), "timeout": timeout}
+    with _lock:
+        server = _forkserver()
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        line = server.stdout.readline()
+    if not line:
+        raise RuntimeError("the fork server died")
+    answer = json.loads(line)
+    return subprocess.CompletedProcess(
         [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
+        answer["returncode"],
+        answer["stdout"],
+        answer["stderr"],
     )
 
 
