@@ -1,28 +1,71 @@
-"""Test matrix: the regression suite against each supported SGLang release,
-each installed from PyPI with its own dependencies, plus the style hooks.
+"""Test matrix: every SGLang release with DSpark, each installed from PyPI
+with uv into its own venv, plus the style hooks.
+
+Default sessions (what ``scripts/run-tests.sh`` and CI run):
+
+* ``lint``: ruff check, ruff format and file hygiene, as pre-commit runs them;
+* ``tests(sglang=V)``: the full suite, on one release of each behaviour
+  class (0.5.16: the draft batch crashes; 0.5.17: fixed upstream but
+  blocking; 0.5.20: the draft batch complete, the startup reading through
+  ``SpecTpSync``; 0.5.23: the latest);
+* ``smoke(sglang=V)``: every other release: the probes against the recorded
+  behaviour, every repair enabled where needed, ``doctor``, a short
+  ``verify`` both ways, the CLI, and the fill's fidelity to stock.
+
+Not run by default:
+
+* ``compat(sglang=V)``: the full suite, ``doctor --json`` and a short
+  ``verify`` without and with the plugin on every release; writes
+  ``compat/<V>.json`` and regenerates ``COMPATIBILITY.md``;
+* ``backport -- PATH [FIX ...]``: an SGLang build (source tree or wheel)
+  that carries backported fixes, judged alone by behaviour (plugin off).
 
 A session fails when pytest fails, when it collects nothing (pytest's exit
-5 is a failure here), and, for the full suite, when fewer tests ran than
-that release is known to run: a suite that silently shrinks is not green.
+5 is a failure here), and when fewer tests ran than its floor: a suite that
+silently shrinks is not green.
 """
 
 from __future__ import annotations
 
+import os
 import xml.etree.ElementTree as ET
 
 import nox
 
-#: SGLang releases the suite runs against (0.5.16: draft batch broken;
-#: 0.5.17: the upstream fix, blocking; 0.5.23: latest at the time of
-#: writing), each with the fewest tests its full suite may run (passed, not
-#: skipped; about 400 ran on each on 2026-12-03). 0.5.18 is not here: plain
-#: pip cannot install it on a CPU machine (its cuda-tile dependency is a
-#: wheel stub that downloads from pypi.nvidia.com).
-SGLANG_VERSIONS = {"0.5.16": 350, "0.5.17": 350, "0.5.23": 350}
+#: Every SGLang release with DSpark: which session CI gives it, the fewest
+#: tests (passed, not skipped) that session may run there, and whether the
+#: release pins ``cuda-tile`` (a download-only source stub on PyPI that
+#: fetches from an index these machines cannot reach; nothing in those
+#: releases imports it, so it is excluded from their install).
+RELEASES = {
+    "0.5.16": ("tests", 450, False),
+    "0.5.17": ("tests", 450, False),
+    "0.5.18": ("smoke", 45, True),
+    "0.5.19": ("smoke", 45, True),
+    "0.5.20": ("tests", 400, True),
+    "0.5.21": ("smoke", 14, True),
+    "0.5.22": ("smoke", 14, True),
+    "0.5.23": ("tests", 400, False),
+}
+FULL = [v for v, (kind, _, _) in RELEASES.items() if kind == "tests"]
+SMOKE = [v for v, (kind, _, _) in RELEASES.items() if kind == "smoke"]
+#: The smoke set: what every release gets.
+SMOKE_TESTS = (
+    "test/srt/test_release_behaviour.py",
+    "test/srt/test_cli.py",
+    "test/srt/test_fidelity.py",
+)
+#: The suite a backport build runs with the plugin off, per fix it carries.
+BACKPORT_TESTS = {
+    "draft-batch": ("test/srt/test_dspark_dp_attention.py",),
+    "startup-capture": ("test/srt/test_dspark_startup_consensus.py",),
+}
+BACKPORT_COMMON = ("test/srt/test_release_behaviour.py",)
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "smoke"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
+nox.options.default_venv_backend = "uv"
 
 
 @nox.session(python=False)
@@ -38,31 +81,99 @@ def ran_tests(junit: str) -> int:
     return sum(int(s.get("tests", 0)) - int(s.get("skipped", 0)) for s in suites)
 
 
-@nox.session(python="3.11")
-@nox.parametrize("sglang", list(SGLANG_VERSIONS))
-def tests(session: nox.Session, sglang: str) -> None:
-    session.install(f"sglang=={sglang}", "pytest>=8", "matplotlib", "tqdm")
-    session.install("--no-deps", "-e", ".")
+def _excludes(session: nox.Session) -> list[str]:
+    path = os.path.join(session.create_tmp(), "excludes.txt")
+    with open(path, "w") as f:
+        f.write("cuda-tile\n")
+    return ["--excludes", path]
+
+
+def install(session: nox.Session, sglang: str) -> None:
+    """SGLang ``sglang`` (a version from PyPI, or a path to a build), its
+    dependencies, the test tools, and this repository (editable)."""
+    pins_cuda_tile = RELEASES.get(sglang, ("", 0, True))[2]
+    spec = f"sglang=={sglang}" if sglang in RELEASES else sglang
+    extra = _excludes(session) if pins_cuda_tile else []
+    session.install(*extra, spec, "pytest>=8", "matplotlib", "tqdm")
     # The benchmarks are their own distribution (one import name); the "./"
-    # keeps pip from taking the folder name for the PyPI project "benchmark".
-    session.install("--no-deps", "-e", "./benchmark")
-    junit = f"{session.create_tmp()}/junit.xml"
+    # keeps the installer from taking the folder name for a PyPI project.
+    session.install("--no-deps", "-e", ".", "-e", "./benchmark")
+
+
+def pytest(session: nox.Session, *paths: str, floor: int | None, **env) -> str:
+    junit = os.path.join(session.create_tmp(), "junit.xml")
     session.run(
         "python",
         "-m",
         "pytest",
-        "test",
+        *paths,
         "-q",
+        "-p",
+        "no:cacheprovider",
         "-W",
         "ignore::UserWarning",
         f"--junitxml={junit}",
         *session.posargs,
+        env=env,
     )
     ran = ran_tests(junit)
-    floor = SGLANG_VERSIONS[sglang]
-    if not session.posargs and ran < floor:
+    if floor is not None and not session.posargs and ran < floor:
         session.error(
-            f"only {ran} tests ran on sglang {sglang}; its full suite runs at "
-            f"least {floor}: tests were lost (collection, skips)"
+            f"only {ran} tests ran in {session.name}; it runs at least {floor}: "
+            "tests were lost (collection, skips)"
         )
-    session.log(f"{ran} tests ran on sglang {sglang}")
+    session.log(f"{ran} tests ran in {session.name}")
+    return junit
+
+
+@nox.session(python="3.11")
+@nox.parametrize("sglang", FULL)
+def tests(session: nox.Session, sglang: str) -> None:
+    install(session, sglang)
+    pytest(session, "test", floor=RELEASES[sglang][1])
+
+
+@nox.session(python="3.11")
+@nox.parametrize("sglang", SMOKE)
+def smoke(session: nox.Session, sglang: str) -> None:
+    install(session, sglang)
+    pytest(session, *SMOKE_TESTS, floor=RELEASES[sglang][1])
+
+
+@nox.session(python="3.11")
+@nox.parametrize("sglang", list(RELEASES))
+def compat(session: nox.Session, sglang: str) -> None:
+    """The full suite, doctor and a short verify both ways on one release;
+    its row in ``compat/`` and the table in ``COMPATIBILITY.md``."""
+    install(session, sglang)
+    junit = pytest(session, "test", floor=None)
+    session.run("python", "scripts/compat.py", "row", "--junit", junit)
+    session.run("python", "scripts/compat.py", "table")
+
+
+@nox.session(python="3.11")
+def backport(session: nox.Session) -> None:
+    """``nox -s backport -- PATH [FIX ...]``: install the SGLang build at
+    PATH (a source tree or a wheel) and judge it alone, plugin off: ``judge``
+    and the suite of each fix it carries (default: every fix)."""
+    if not session.posargs:
+        session.error(
+            "usage: nox -s backport -- PATH [FIX ...] (PATH: an SGLang source "
+            f"tree or wheel; FIX: {', '.join(BACKPORT_TESTS)})"
+        )
+    path, *fixes = session.posargs
+    fixes = fixes or list(BACKPORT_TESTS)
+    unknown = [f for f in fixes if f not in BACKPORT_TESTS]
+    if unknown:
+        session.error(f"unknown fix {unknown}; known: {', '.join(BACKPORT_TESTS)}")
+    if not os.path.exists(path):
+        session.error(f"PATH {path!r} does not exist")
+    install(session, path)
+    env = {
+        "SGLANG_DSPARK_DP_DISABLE": "1",
+        "SGLANG_DSPARK_DP_BACKPORT": ",".join(fixes),
+    }
+    session.run("sglang-dspark-dp", "judge", "--fixes", ",".join(fixes), env=env)
+    paths = [p for f in fixes for p in BACKPORT_TESTS[f]] + list(BACKPORT_COMMON)
+    session.posargs.clear()
+    pytest(session, *paths, floor=None, **env)

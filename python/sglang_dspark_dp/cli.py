@@ -6,6 +6,9 @@
   cannot run.
 * ``doctor``  is the installed SGLang healthy, and what did the plugin do?
 * ``repro``   one DP step on stock SGLang and with the repair, side by side.
+* ``judge``   the installed SGLang build alone (plugin off), judged by
+  behaviour: does it carry each fix the plugin would otherwise make? For
+  maintainers who backport a fix onto a release branch.
 """
 
 from __future__ import annotations
@@ -486,6 +489,119 @@ def cmd_repro(args: argparse.Namespace) -> int:
     return EXIT_OK if fixed_ok else EXIT_FAIL
 
 
+# --------------------------------------------------------------------------
+# judge
+# --------------------------------------------------------------------------
+
+#: The fixes ``judge`` can look for, by the name of the repair that makes them.
+JUDGED = ("draft-batch", "startup-capture")
+
+
+def _judge_draft_batch(args: argparse.Namespace) -> tuple[bool, str]:
+    from sglang_dspark_dp.expectations import KNOWN_CRASH
+    from sglang_dspark_dp.harness import lockstep
+    from sglang_dspark_dp.srt.speculative.dspark_components import dspark_draft
+
+    found = dspark_draft.probe()
+    problems = []
+    if found.missing_dp:
+        problems.append(
+            "the DP-attention draft batch misses " + ", ".join(found.missing_dp)
+        )
+    if found.missing_local:
+        problems.append(
+            "the attention-TP draft batch misses " + ", ".join(found.missing_local)
+        )
+    cfg = lockstep.RunConfig(
+        dp=args.dp,
+        ep_sizes=(1, args.dp),
+        steps=args.steps,
+        seed=args.seed,
+        fix=False,
+        timeout_s=args.timeout,
+    )
+    result = lockstep.run(cfg)
+    f = result.failure
+    if f is not None:
+        if f.kind == "crash" and KNOWN_CRASH in f.detail:
+            problems.append(
+                "stock DSpark crashes under DP attention "
+                f'("TypeError: {KNOWN_CRASH}" in can_run_graph, step {f.step}, '
+                f"DP rank {f.rank})"
+            )
+        else:
+            problems.append(f"the simulated DP ranks failed: {f.render()}")
+    note = " (its DP fill waits for the GPU at every step)" if found.blocking else ""
+    done = sum(result.steps_done.values())
+    if problems:
+        return False, "; ".join(problems)
+    return True, f"{args.dp} DP ranks agreed for {done} steps, EP off and on{note}"
+
+
+def _judge_startup_capture(args: argparse.Namespace) -> tuple[bool, str]:
+    from sglang_dspark_dp.harness import startup
+
+    results = startup.run_matrix(
+        fix=False, topologies=((args.dp, 1), (args.dp, args.dp)), timeout_s=args.timeout
+    )
+    bad = [r for r in results if not r.correct]
+    if bad:
+        return False, "; ".join(f"{r.config.describe()}: {r.divergence}" for r in bad)
+    return True, "every rank decided draft capture alike (plain TP, DP attention)"
+
+
+def cmd_judge(args: argparse.Namespace) -> int:
+    _quiet_sglang()
+    from sglang_dspark_dp import adapter, registry
+    from sglang_dspark_dp.harness.lockstep import CannotRun
+    from sglang_dspark_dp.outcome import DidNotEnable
+    from sglang_dspark_dp.package import installed_sglang_version
+
+    fixes = [f.strip() for f in args.fixes.split(",") if f.strip()]
+    unknown = [f for f in fixes if f not in JUDGED]
+    if unknown or not fixes:
+        _err(
+            f"--fixes must name one or more of {', '.join(JUDGED)}, got "
+            f"{args.fixes!r}"
+        )
+        return EXIT_CANNOT
+    try:
+        adapter.load_sglang_api()
+    except DidNotEnable as exc:
+        _err(f"cannot run: {exc}")
+        return EXIT_CANNOT
+    registry.uninstrument()  # the build alone, whatever was loaded
+    print(
+        f"judge: sglang {installed_sglang_version()}, plugin off: judging this "
+        f"build by behaviour ({', '.join(fixes)})",
+        flush=True,
+    )
+    judges = {
+        "draft-batch": _judge_draft_batch,
+        "startup-capture": _judge_startup_capture,
+    }
+    missing = []
+    for fix in fixes:
+        try:
+            ok, why = judges[fix](args)
+        except (CannotRun, DidNotEnable) as exc:
+            _err(f"cannot run: {fix}: {exc}")
+            return EXIT_CANNOT
+        if ok:
+            print(f"judge: {fix}: fixed in this build: {why}", flush=True)
+        else:
+            missing.append(fix)
+            print(f"judge: {fix}: NOT fixed in this build: {why}", flush=True)
+    if missing:
+        print(
+            f"judge: FAILED: {len(missing)} of {len(fixes)} fixes missing "
+            f"({', '.join(missing)}); the sglang-dspark-dp plugin repairs them"
+        )
+        return EXIT_FAIL
+    print("judge: OK: this build carries every fix judged")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="sglang-dspark-dp", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
@@ -538,6 +654,24 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("repro", help="one DP step: stock vs repaired")
     r.add_argument("--dp", type=_int_arg("--dp", 2, 16), default=2)
     r.set_defaults(func=cmd_repro)
+    j = sub.add_parser(
+        "judge", help="judge this SGLang build alone (plugin off) by behaviour"
+    )
+    j.add_argument(
+        "--fixes",
+        default=",".join(JUDGED),
+        help=f"comma-separated fixes to look for (default: {','.join(JUDGED)})",
+    )
+    j.add_argument("--dp", type=_int_arg("--dp", 2, 16), default=2)
+    j.add_argument(
+        "--steps",
+        type=_int_arg("--steps", 1),
+        default=200,
+        help="decode steps per EP tier (default 200)",
+    )
+    j.add_argument("--seed", type=_int_arg("--seed"), default=0)
+    j.add_argument("--timeout", type=float, default=60.0)
+    j.set_defaults(func=cmd_judge)
     return p
 
 

@@ -7,13 +7,17 @@ repairs and logs one line per repair (enabled, not needed, or not
 applicable and why). It never raises: a repair that cannot apply changes
 nothing, and SGLang starts exactly as it would without the plugin.
 ``SGLANG_PLUGINS=dspark_dp`` (or any list without it) whitelists plugins as
-SGLang documents.
+SGLang documents; ``SGLANG_DSPARK_DP_DISABLE=1`` keeps the plugin installed
+but patches nothing (one line says so), e.g. to judge an SGLang build that
+carries a backported fix on its own.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+
+from sglang_dspark_dp.settings import DISABLE_ENV, switch
 
 logger = logging.getLogger("sglang_dspark_dp")
 
@@ -22,6 +26,11 @@ logger = logging.getLogger("sglang_dspark_dp")
 PLUGIN_GROUP = "sglang.srt.plugins"
 PLUGIN_NAME = "dspark_dp"
 ENTRY_POINT = "sglang_dspark_dp.plugin:register"
+
+
+def disabled() -> bool:
+    """Whether ``SGLANG_DSPARK_DP_DISABLE`` turns the plugin off."""
+    return switch(DISABLE_ENV, meaning="the plugin stays on")
 
 
 def _ensure_visible() -> None:
@@ -39,6 +48,9 @@ def register() -> None:
     """Register every repair the installed SGLang needs (hooks are applied
     by ``load_plugins()`` right after)."""
     _ensure_visible()
+    if disabled():
+        logger.warning("sglang-dspark-dp: disabled by %s; nothing patched", DISABLE_ENV)
+        return
     from sglang_dspark_dp.package import missing_runtime
 
     missing = missing_runtime()

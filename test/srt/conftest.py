@@ -15,6 +15,8 @@ import pytest
 
 sglang = pytest.importorskip("sglang", reason="SGLang is not installed")
 
+from known_releases import backport_fixes  # noqa: E402
+
 from sglang_dspark_dp.package import installed_sglang_version  # noqa: E402
 
 
@@ -32,13 +34,20 @@ def api():
 
 @pytest.fixture(scope="session")
 def plugin(api):
-    """The draft-batch repair, loaded the way ``sglang serve`` loads it."""
+    """The draft-batch repair, loaded the way ``sglang serve`` loads it.
+
+    In backport mode (``SGLANG_DSPARK_DP_BACKPORT``, see ``known_releases``)
+    the plugin stays off: the repair only probes (its ``probe_result`` and
+    ``plan`` say what the build needs) and the suite judges SGLang alone."""
     from sglang.srt.plugins import load_plugins
 
     from sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft import (
         REPAIR,
     )
 
+    if backport_fixes():
+        REPAIR.setup_once()  # probe only: nothing registered, nothing patched
+        return REPAIR
     os.environ.pop("SGLANG_PLUGINS", None)
     load_plugins()
     return REPAIR
@@ -59,6 +68,15 @@ def stock(plugin):
                 plugin.instrument(apply=True)
 
     return without_plugin
+
+
+@pytest.fixture(scope="session")
+def short_verify(plugin):
+    """One short ``verify`` each way (startup and decode phases, 2 ranks),
+    shared by every test that reads them."""
+    from srt_helpers import SHORT_VERIFY, cli
+
+    return {"fixed": cli(SHORT_VERIFY), "stock": cli([*SHORT_VERIFY, "--no-fix"])}
 
 
 def pytest_terminal_summary(terminalreporter):

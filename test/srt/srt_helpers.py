@@ -57,5 +57,16 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 24
     )
 
 
+CLI = "import sys; from sglang_dspark_dp.cli import main; sys.exit(main({argv!r}))"
+
+
+def cli(argv, **env):
+    """``sglang-dspark-dp ARGV`` in a fresh process (see :func:`run_python`)."""
+    return run_python(CLI.format(argv=list(argv)), env=env)
+
+
+#: ``verify`` arguments of the short runs every release gets.
+SHORT_VERIFY = ["verify", "--steps", "60", "--dp", "2", "--no-progress"]
+
 #: One line per soak run, printed at the end of the pytest session.
 SOAK_SUMMARIES: list[str] = []

@@ -3,27 +3,22 @@ interpreter, with its exit codes and its one-line errors."""
 
 from __future__ import annotations
 
-from known_releases import known
-from srt_helpers import run_python
-
-CLI = "import sys; from sglang_dspark_dp.cli import main; sys.exit(main({argv!r}))"
-
-
-def cli(argv, **env):
-    return run_python(CLI.format(argv=list(argv)), env=env)
+import pytest
+from known_releases import backport_fixes, known
+from srt_helpers import CLI, SHORT_VERIFY, cli, run_python
 
 
-def test_cli_verify_exit_codes(plugin, sglang_version):
-    ok = cli(["verify", "--steps", "30", "--dp", "2", "--no-progress"])
+def test_cli_verify_exit_codes(plugin, sglang_version, short_verify):
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    ok = short_verify["fixed"]
     assert ok.returncode == 0, ok.stdout + ok.stderr[-2000:]
     assert "verify: OK" in ok.stdout
     assert "graph-size tier" in ok.stdout and "ranks agree" in ok.stdout
     bad = cli(["verify", "--dp", "0"])
     assert bad.returncode == 2 and "--dp must be between 2 and 16, got 0" in bad.stderr
     if (known(sglang_version) or {}).get("dp"):
-        nofix = cli(
-            ["verify", "--steps", "10", "--dp", "2", "--no-fix", "--no-progress"]
-        )
+        nofix = short_verify["stock"]
         assert nofix.returncode == 1, nofix.stdout + nofix.stderr[-2000:]
         assert "stock DSpark crashes under DP attention" in nofix.stdout
         assert "Traceback" not in nofix.stdout + nofix.stderr
@@ -110,19 +105,22 @@ def test_plugin_and_doctor_need_no_benchmark_dependencies(plugin):
     assert "repair draft-batch" in proc.stdout
 
 
-def test_verify_startup_phase_shows_the_stock_divergence_and_the_fix(plugin):
+def test_verify_startup_phase_shows_the_stock_divergence_and_the_fix(
+    plugin, short_verify
+):
     """``verify --no-fix`` names the diverging ranks and what each read, and
     exits 1, on every release (DP attention diverges on all of them);
     with the plugin every rank decides the same; ``--no-startup`` skips it."""
-    args = ["verify", "--steps", "5", "--dp", "2", "--no-progress"]
-    stock = cli([*args, "--no-fix"])
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    stock = short_verify["stock"]
     assert stock.returncode == 1, stock.stdout + stock.stderr[-2000:]
     lines = [x for x in stock.stdout.splitlines() if x.startswith("startup:")]
     assert any("DP attention" in x and "rank 1 read 0.60 GiB" in x for x in lines)
     assert "readings (" in stock.stdout
-    fixed = cli(args)
+    fixed = short_verify["fixed"]
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr[-2000:]
     lines = [x for x in fixed.stdout.splitlines() if x.startswith("startup:")]
     assert len(lines) == 2 and all("all 2 ranks skipped" in x for x in lines)
-    skipped = cli([*args, "--no-startup"])
+    skipped = cli([*SHORT_VERIFY, "--no-startup"])
     assert skipped.returncode == 0 and "startup:" not in skipped.stdout

@@ -198,16 +198,6 @@ def test_attention_tp_without_dp_attention_with_ep(api, plugin, attn_tp):
             assert f["unscaled"] is None  # no DP metadata without DP attention
 
 
-def test_probe_matches_known_release_behaviour(plugin, sglang_version):
-    known = known_release(sglang_version)
-    if known is None:
-        pytest.skip(f"no recorded behaviour for sglang {sglang_version}")
-    assert bool(plugin.probe_result.missing_dp) is known["dp"]
-    assert bool(plugin.probe_result.missing_local) is known["local"]
-    assert bool(plugin.probe_result.blocking) is known["blocks"]
-    assert REPAIR.instrumented is (known["dp"] or known["local"] or known["blocks"])
-
-
 def test_stock_crash_reproduces_where_expected(api, plugin, stock, sglang_version):
     """On 0.5.16 stock SGLang must still crash in ``can_run_graph``: if it
     ever stops, this test says so."""

@@ -12,37 +12,18 @@ no host-device sync.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
-from sglang_dspark_dp import adapter, expectations
+from sglang_dspark_dp import adapter, expectations, settings
+from sglang_dspark_dp.settings import GUARD_ENV
 
 logger = logging.getLogger("sglang_dspark_dp")
 
-#: Environment variable that turns the guard on.
-GUARD_ENV = "SGLANG_DSPARK_DP_CHECK"
-
-_GUARD_ON = frozenset({"1", "true", "yes", "on"})
-_GUARD_OFF = frozenset({"", "0", "false", "no", "off"})
-_guard_warned: set[str] = set()
-
 
 def guard_enabled() -> bool:
-    """Whether ``SGLANG_DSPARK_DP_CHECK`` turns the guard on. A value that is
-    neither on nor off means off, and says so once per process."""
-    raw = os.environ.get(GUARD_ENV, "")
-    value = raw.strip().lower()
-    if value in _GUARD_ON:
-        return True
-    if value not in _GUARD_OFF and raw not in _guard_warned:
-        _guard_warned.add(raw)
-        logger.warning(
-            "sglang-dspark-dp: %s=%r is neither on (1/true/yes/on) nor off "
-            "(0/false/no/off); the guard stays off",
-            GUARD_ENV,
-            raw,
-        )
-    return False
+    """Whether ``SGLANG_DSPARK_DP_CHECK`` turns the guard on (a value that
+    is neither on nor off means off, and says so once)."""
+    return settings.switch(GUARD_ENV, meaning="the guard stays off")
 
 
 class DSparkDPMetadataError(RuntimeError):

@@ -1,0 +1,42 @@
+"""The plugin's environment switches, each read the same way.
+
+A switch is on for ``1``/``true``/``yes``/``on`` and off for ``0``/``false``/
+``no``/``off`` or unset (case and surrounding spaces ignored). Any other
+value means off and says so once per process and value, naming the variable
+and the value, so a typo never silently turns something on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger("sglang_dspark_dp")
+
+#: Turns the runtime guard on (read when the draft-batch repair instruments).
+GUARD_ENV = "SGLANG_DSPARK_DP_CHECK"
+#: Keeps the plugin installed but patching nothing (read by ``register``).
+DISABLE_ENV = "SGLANG_DSPARK_DP_DISABLE"
+
+_ON = frozenset({"1", "true", "yes", "on"})
+_OFF = frozenset({"", "0", "false", "no", "off"})
+_warned: set[tuple[str, str]] = set()
+
+
+def switch(name: str, *, meaning: str) -> bool:
+    """Whether the switch ``name`` is on; ``meaning`` says what stays off
+    when the value is not understood (``"the guard stays off"``)."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value in _ON:
+        return True
+    if value not in _OFF and (name, raw) not in _warned:
+        _warned.add((name, raw))
+        logger.warning(
+            "sglang-dspark-dp: %s=%r is neither on (1/true/yes/on) nor off "
+            "(0/false/no/off); %s",
+            name,
+            raw,
+            meaning,
+        )
+    return False

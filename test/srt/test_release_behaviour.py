@@ -1,0 +1,104 @@
+"""What the installed release needs, and that the plugin applies there.
+
+Every release in CI runs this file, whether it gets the full suite or not:
+the probes find exactly the recorded behaviour (``known_releases``), every
+repair the release needs is enabled (a probe that cannot run where it is
+needed fails here, naming the repair, the release and the error, instead of
+switching the repair off with a log line), ``doctor`` is healthy, and a
+short ``verify`` exits 0 with the plugin and names each stock divergence
+with ``--no-fix``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from known_releases import backport_fixes, known, needs
+from srt_helpers import cli
+
+from sglang_dspark_dp import registry
+from sglang_dspark_dp.outcome import Outcome
+
+
+def recorded(version):
+    row = known(version)
+    if row is None:
+        pytest.fail(
+            f"sglang {version} has no row in known_releases.py: measure it "
+            "(nox -s compat) and record it"
+        )
+    return row
+
+
+def test_draft_probe_matches_the_recorded_behaviour(plugin, sglang_version):
+    row = recorded(sglang_version)
+    found = plugin.probe_result
+    assert bool(found.missing_dp) is row["dp"], found.missing_dp
+    assert bool(found.missing_local) is row["local"], found.missing_local
+    if row["blocks"] is not None:
+        assert bool(found.blocking) is row["blocks"], found.blocking
+    assert plugin.instrumented is (
+        needs(sglang_version)["draft-batch"] and not backport_fixes()
+    )
+
+
+def test_every_repair_applies_where_the_release_needs_it(plugin, sglang_version):
+    """A repair the release needs must be enabled; 'not applicable' there is
+    a failure of this suite, not a log line."""
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    wanted = needs(sglang_version)
+    if wanted is None:
+        pytest.fail(f"sglang {sglang_version} has no row in known_releases.py")
+    problems = []
+    for name in registry.names():
+        status = registry.repair(name).status()
+        expect = Outcome.ENABLED if wanted.get(name, False) else Outcome.NOT_NEEDED
+        if status.outcome is not expect:
+            problems.append(
+                f"repair {name} on sglang {sglang_version}: expected "
+                f"{expect.value}, got {status.outcome.value}: {status.reason}"
+            )
+    assert not problems, "\n".join(problems)
+
+
+def test_doctor_is_healthy(plugin):
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    proc = cli(["doctor", "--json"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert {r["repair"] for r in report["repairs"]} == set(registry.names())
+    for r in report["repairs"]:
+        assert r["outcome"] in ("enabled", "not needed"), r
+
+
+def test_short_verify_passes_with_the_plugin(plugin, short_verify):
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    proc = short_verify["fixed"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert "verify: OK" in proc.stdout
+    startup = [x for x in proc.stdout.splitlines() if x.startswith("startup:")]
+    assert len(startup) == 2 and all("all 2 ranks skipped" in x for x in startup)
+
+
+def test_short_verify_names_each_stock_divergence(plugin, sglang_version, short_verify):
+    row = recorded(sglang_version)
+    proc = short_verify["stock"]
+    out = proc.stdout
+    diverges = row["dp"] or row["startup_tp"] or row["startup_dp"]
+    assert proc.returncode == (1 if diverges else 0), out + proc.stderr[-2000:]
+    assert "Traceback" not in out + proc.stderr
+    startup = {
+        "TP 2, DP attention": next(
+            x for x in out.splitlines() if x.startswith("startup: TP 2, DP attention")
+        ),
+        "TP 2": next(
+            x for x in out.splitlines() if x.startswith("startup: TP 2, stock")
+        ),
+    }
+    assert ("hang" in startup["TP 2"]) is row["startup_tp"], startup["TP 2"]
+    assert ("hang" in startup["TP 2, DP attention"]) is row["startup_dp"]
+    assert ("stock DSpark crashes under DP attention" in out) is row["dp"]
