@@ -78,6 +78,14 @@ class Repair:
         """Probe the installed SGLang; raise DidNotEnable if it cannot."""
         raise NotImplementedError
 
+    def agreement_hook(self, why: str) -> Hook | None:
+        """For a repair whose hook enters a collective: the hook to register
+        when this rank's probe failed for a reason other ranks may not share
+        (an unexpected exception), carrying that failed verdict so the group
+        agrees to run stock together (see :mod:`sglang_dspark_dp.consensus`).
+        None (the default): the repair adds no collective."""
+        return None
+
     # -- shared -----------------------------------------------------------
 
     @property
@@ -108,8 +116,18 @@ class Repair:
 
         if self._hook is not None:
             return self._status
+        failed: str | None = None
         try:
-            answer = self.setup_once()
+            try:
+                answer = self.setup_once()
+            except DidNotEnable:
+                raise
+            except Exception as exc:
+                failed = f"its probe failed: {type(exc).__name__}: {exc}"
+                fallback = self.agreement_hook(failed)
+                if fallback is None:
+                    raise
+                answer = fallback
             if isinstance(answer, NotNeeded):
                 return self._set(Outcome.NOT_NEEDED, answer.reason, answer.detail)
             if adapter.is_patched(answer.target):
@@ -132,6 +150,8 @@ class Repair:
                 Outcome.NOT_APPLICABLE,
                 f"could not be set up: {type(exc).__name__}: {exc}",
             )
+        if failed is not None:
+            return self._set(Outcome.NOT_APPLICABLE, answer.reason, answer.detail)
         return self._set(Outcome.ENABLED, answer.reason, answer.detail)
 
     def uninstrument(self) -> None:

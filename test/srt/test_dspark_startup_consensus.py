@@ -146,6 +146,27 @@ def test_repaired_ranks_all_capture_above_the_cutoff(worker, topology):
     assert all(r.read_gib == pytest.approx(1.5, abs=1e-3) for r in result.ranks)
 
 
+@pytest.mark.parametrize("topology", ["tp4", "dp4"])
+def test_a_rank_whose_probe_fails_brings_its_group_to_stock_not_to_a_hang(
+    worker, topology
+):
+    """The repair adds a collective; one rank's probe fails (an unexpected
+    exception) while the others' succeed. The ranks agree before the first
+    use: all run stock, none waits in a reduction the failing rank never
+    enters. (Above the cutoff everywhere, so stock's own decisions agree.)"""
+    cfg = dict(TOPOLOGIES[topology], free_gib=(40.0, 40.0, 3.0, 40.0))
+    result = run(fix=True, probe_fails=(1,), **cfg)
+    assert not result.hung, result.divergence
+    assert result.agree and result.decision == startup.CAPTURED
+    assert [r.repair for r in result.ranks] == [
+        "not applicable" if r == 1 else "enabled" for r in range(4)
+    ]
+    stock = run(fix=False, **cfg)  # what every rank reads without the plugin
+    assert [(r.read_gib, r.reduced) for r in result.ranks] == [
+        (r.read_gib, r.reduced) for r in stock.ranks
+    ]
+
+
 def test_repaired_tp_without_the_memory_sync_site(worker):
     """The repair reduces the memory reading even when SGLANG_SPEC_TP_SYNC
     leaves its site out (a release with SpecTpSync); other sites are not

@@ -91,6 +91,9 @@ class StartupConfig:
     barrier: bool = True
     spec_tp_sync: str | None = None
     port: int = 0
+    #: Ranks whose startup-capture probe fails (an unexpected exception, as
+    #: a transient condition would raise) while the others' succeed.
+    probe_fails: tuple[int, ...] = ()
 
     @property
     def attn_tp(self) -> int:
@@ -153,6 +156,11 @@ class StartupConfig:
             )
         if not _is_int(self.port) or not 0 <= self.port <= 65535:
             raise CannotRun(f"port must be an integer 0-65535, got {self.port!r}")
+        bad = [r for r in self.probe_fails if not _is_int(r) or not 0 <= r < self.tp]
+        if bad:
+            raise CannotRun(
+                f"probe_fails must name ranks 0-{self.tp - 1}, got {self.probe_fails!r}"
+            )
         if self.spec_tp_sync is not None and not isinstance(self.spec_tp_sync, str):
             raise CannotRun(
                 f"spec_tp_sync must be a string or None, got {self.spec_tp_sync!r}"
@@ -170,6 +178,7 @@ class RankOutcome:
     reduced: bool  # that figure was reduced over the capture group
     decision: str  # CAPTURED | SKIPPED | HUNG | ERROR
     detail: str = ""
+    repair: str = ""  # the startup-capture repair's outcome on this rank
 
     @property
     def finished(self) -> bool:
@@ -382,6 +391,12 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
     logging.getLogger(module.__name__).setLevel(logging.ERROR)
     repair = startup_repair.REPAIR
     if cfg.fix:
+        if rank in cfg.probe_fails:
+
+            def failing_probe(*args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError(f"probe fault injected on rank {rank}")
+
+            startup_repair.probe = failing_probe  # this rank's process only
         status = repair.instrument(apply=True)
     else:
         repair.uninstrument()
@@ -526,6 +541,7 @@ def run_startup(cfg: StartupConfig) -> StartupResult:
                 reduced=bool(report.get("reduced", False)),
                 decision=report["decision"],
                 detail=report.get("detail", ""),
+                repair=report.get("status", {}).get("outcome", ""),
             )
         )
     status = next(

@@ -57,6 +57,7 @@ from typing import Any
 
 from sglang_dspark_dp import adapter
 from sglang_dspark_dp.adapter import INIT_GRAPHS, STARTUP_TARGET
+from sglang_dspark_dp.consensus import GroupVerdict
 from sglang_dspark_dp.drivers import worker as standins
 from sglang_dspark_dp.outcome import DidNotEnable
 from sglang_dspark_dp.registry import Hook, NotNeeded, Repair
@@ -185,8 +186,10 @@ def _stock_decision(original: Any, worker: Any, args: Any, kwargs: Any, why: str
     return original(worker, *args, **kwargs)
 
 
-def make_around(module: Any, shape: str) -> Any:
-    """The AROUND hook on ``init_cuda_graphs`` for the probed ``shape``."""
+def make_around(module: Any, shape: str | None, verdict: GroupVerdict) -> Any:
+    """The AROUND hook on ``init_cuda_graphs`` for the probed ``shape``
+    (None: this rank's probe failed; the hook only agrees with its group
+    that every rank runs stock)."""
 
     def reduce_startup_reading(original: Any, worker: Any, *args: Any, **kwargs: Any):
         if not adapter.hosts_draft(worker):
@@ -204,6 +207,8 @@ def make_around(module: Any, shape: str) -> Any:
             )
         group, _where = found
         if group.world_size <= 1:
+            return original(worker, *args, **kwargs)
+        if not verdict.agree(group.cpu_group, group.world_size) or shape is None:
             return original(worker, *args, **kwargs)
         try:
             if shape == SHAPE_TP_SYNC:
@@ -259,7 +264,7 @@ class StartupCaptureRepair(Repair):
                 f"{adapter.WORKER}.{INIT_GRAPHS} reads free memory in a way this "
                 f"repair cannot redirect ({stock.describe()})"
             )
-        around = make_around(module, shape)
+        around = make_around(module, shape, GroupVerdict(self.name, True))
         check = probe(module, cls, around=around)
         if not check.reduced:
             raise DidNotEnable(
@@ -284,6 +289,19 @@ class StartupCaptureRepair(Repair):
                 f"startup (via {via})"
             ),
             detail=detail,
+        )
+
+    def agreement_hook(self, why: str) -> Hook | None:
+        module, cls = adapter.load_worker()  # DidNotEnable: no target anywhere
+        return Hook(
+            target=STARTUP_TARGET,
+            owner=cls,
+            attr=INIT_GRAPHS,
+            around=make_around(module, None, GroupVerdict(self.name, False, why)),
+            reason=(
+                f"{why}; hooked only to agree with the other ranks of the capture "
+                "group, which then all decide from their own reading (stock)"
+            ),
         )
 
 
