@@ -59,6 +59,8 @@ SMOKE_TESTS = (
 BACKPORT_TESTS = {
     "draft-batch": ("test/srt/test_dspark_dp_attention.py",),
     "startup-capture": ("test/srt/test_dspark_startup_consensus.py",),
+    "non-overlap-entry": ("test/srt/test_dspark_non_overlap.py",),
+    "verify-budget": ("test/srt/test_dspark_compact_verify.py",),
 }
 BACKPORT_COMMON = ("test/srt/test_release_behaviour.py",)
 

@@ -152,6 +152,53 @@ def _startup_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
     return EXIT_FAIL, lines
 
 
+def _non_overlap_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
+    """One prefill and one decode step through the installed scheduler with
+    the overlap schedule off, to the DSpark worker; stock or repaired."""
+    from sglang_dspark_dp.outcome import DidNotEnable
+    from sglang_dspark_dp.srt.managers import scheduler as entry
+
+    repair = entry.REPAIR
+    if args.no_fix:
+        repair.uninstrument()
+    else:
+        repair.instrument(apply=True)
+    try:
+        result = entry.probe()
+    except DidNotEnable as exc:
+        return EXIT_CANNOT, [f"non-overlap: cannot run: {exc}"]
+    how = "stock SGLang" if args.no_fix else "plugin on"
+    if result.reaches:
+        return EXIT_OK, [
+            "non-overlap: with --disable-overlap-schedule, prefill and decode "
+            f"steps reach DSparkWorkerV2.forward_batch_generation ({how})"
+        ]
+    return EXIT_FAIL, [
+        "non-overlap: with --disable-overlap-schedule every step crashes: "
+        f"{result.describe()} ({how}; SGLang #39262)"
+    ]
+
+
+def _compact_verify_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
+    """The verify graph tier of a budget-scheduling ragged verify mode on
+    ``--dp`` plain-TP ranks (gloo, the installed planner): confidence drift
+    and a late confidence relay, stock or repaired."""
+    from sglang_dspark_dp.harness import compact_verify
+
+    try:
+        results = compact_verify.run_scenarios(
+            fix=not args.no_fix,
+            tp=min(args.dp, compact_verify.MAX_WORLD),
+            steps=min(args.steps, 40),
+            seed=args.seed,
+            timeout_s=args.timeout,
+        )
+    except compact_verify.CannotRun as exc:
+        return EXIT_CANNOT, [f"compact-verify: cannot run: {exc}"]
+    lines = [f"compact-verify: {r.summary()}" for r in results]
+    return (EXIT_OK if all(r.agree for r in results) else EXIT_FAIL), lines
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     _quiet_sglang()
     from sglang_dspark_dp import adapter
@@ -176,13 +223,39 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if startup_status == EXIT_CANNOT:
             _err(startup_lines[-1])
             return EXIT_CANNOT
+    entry_status, entry_lines = _non_overlap_phase(args)
+    for line in entry_lines:
+        print(line, flush=True)
+    if entry_status == EXIT_CANNOT:
+        _err(entry_lines[-1])
+        return EXIT_CANNOT
+    budget_status, budget_lines = _compact_verify_phase(args)
+    for line in budget_lines:
+        print(line, flush=True)
+    if budget_status == EXIT_CANNOT:
+        _err(budget_lines[-1])
+        return EXIT_CANNOT
     status = _decode_phase(args)
+    if status == EXIT_CANNOT:
+        return status
     if startup_status != EXIT_OK:
         print(
             "verify: FAILED: the ranks' startup capture decisions diverge "
             "(see the startup lines above)"
         )
-        return EXIT_FAIL if status != EXIT_CANNOT else EXIT_CANNOT
+        status = EXIT_FAIL
+    if entry_status != EXIT_OK:
+        print(
+            "verify: FAILED: with --disable-overlap-schedule the scheduler's call "
+            "to the DSpark worker raises (see the non-overlap line above)"
+        )
+        status = EXIT_FAIL
+    if budget_status != EXIT_OK:
+        print(
+            "verify: FAILED: the ranks' compact-verify graph tiers diverge (see "
+            "the compact-verify lines above)"
+        )
+        status = EXIT_FAIL
     return status
 
 
@@ -494,7 +567,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------
 
 #: The fixes ``judge`` can look for, by the name of the repair that makes them.
-JUDGED = ("draft-batch", "startup-capture")
+JUDGED = ("draft-batch", "startup-capture", "non-overlap-entry", "verify-budget")
 
 
 def _judge_draft_batch(args: argparse.Namespace) -> tuple[bool, str]:
@@ -550,6 +623,24 @@ def _judge_startup_capture(args: argparse.Namespace) -> tuple[bool, str]:
     return True, "every rank decided draft capture alike (plain TP, DP attention)"
 
 
+def _judge_non_overlap_entry(args: argparse.Namespace) -> tuple[bool, str]:
+    from sglang_dspark_dp.srt.managers import scheduler as entry
+
+    result = entry.probe()
+    if result.reaches:
+        return True, "with --disable-overlap-schedule the steps reach the worker"
+    return (
+        False,
+        f"with --disable-overlap-schedule every step crashes: {result.describe()}",
+    )
+
+
+def _judge_verify_budget(args: argparse.Namespace) -> tuple[bool, str]:
+    status, lines = _compact_verify_phase(args)
+    text = "; ".join(x.removeprefix("compact-verify: ") for x in lines)
+    return status == EXIT_OK, text
+
+
 def cmd_judge(args: argparse.Namespace) -> int:
     _quiet_sglang()
     from sglang_dspark_dp import adapter, registry
@@ -571,6 +662,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
         _err(f"cannot run: {exc}")
         return EXIT_CANNOT
     registry.uninstrument()  # the build alone, whatever was loaded
+    args.no_fix = True  # every phase judges stock SGLang
     print(
         f"judge: sglang {installed_sglang_version()}, plugin off: judging this "
         f"build by behaviour ({', '.join(fixes)})",
@@ -579,6 +671,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
     judges = {
         "draft-batch": _judge_draft_batch,
         "startup-capture": _judge_startup_capture,
+        "non-overlap-entry": _judge_non_overlap_entry,
+        "verify-budget": _judge_verify_budget,
     }
     missing = []
     for fix in fixes:

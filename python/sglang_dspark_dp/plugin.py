@@ -34,13 +34,17 @@ def disabled() -> bool:
 
 
 def _ensure_visible() -> None:
-    # load_plugins() runs before SGLang configures logging; without a handler
-    # our INFO lines would be dropped by logging's last-resort handler.
+    # load_plugins() can run before SGLang configures logging (no handler
+    # at all: ours prints the lines) or after some SGLang module added a
+    # root handler while the root level stays WARNING (0.5.21+ on import of
+    # the scheduler): our INFO lines must still reach a handler, so the
+    # plugin's logger is set to INFO unless someone set its level.
+    if logger.level == logging.NOTSET and logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
     if not logging.getLogger().handlers and not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s"))
         logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
         logger.propagate = False
 
 

@@ -33,6 +33,11 @@ REPAIRS: tuple[tuple[str, str], ...] = (
         "startup-capture",
         "sglang_dspark_dp.srt.speculative.dspark_components.dspark_worker_v2",
     ),
+    ("non-overlap-entry", "sglang_dspark_dp.srt.managers.scheduler"),
+    (
+        "verify-budget",
+        "sglang_dspark_dp.srt.speculative.dspark_components.dspark_planner",
+    ),
 )
 
 

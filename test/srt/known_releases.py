@@ -7,7 +7,13 @@ though complete, makes the host wait for the GPU (a device tensor straight
 from host data); ``startup_tp`` / ``startup_dp``: stock ranks can disagree
 on the draft CUDA-graph capture at startup under plain TP / DP attention
 (from 0.5.19 plain TP reduces through ``SpecTpSync``, built on the TP group;
-under DP attention with attention TP 1 its group has one rank). Each row was
+under DP attention with attention TP 1 its group has one rank);
+``non_overlap``: with ``--disable-overlap-schedule`` the scheduler's call to
+the DSpark worker raises ``TypeError`` at every step (SGLang #39262);
+``compact_verify``: with a budget-scheduling ragged verify mode the ranks
+of a TP group pick the verify graph tier from their own budget, and a rank
+whose confidences are late leaves the ``verify_lens`` broadcast (SGLang
+#31195). Each row was
 measured: the probes (``sglang-dspark-dp doctor --json``) and
 ``sglang-dspark-dp verify --no-fix`` on that release (see
 ``COMPATIBILITY.md``). The probes must find exactly this; a release whose
@@ -15,7 +21,8 @@ behaviour changes fails the suite instead of being silently re-classified.
 
 Backport mode: a maintainer who cherry-picks a fix onto a release branch
 runs the suite on that build with ``SGLANG_DSPARK_DP_BACKPORT`` naming the
-fixes it carries (``draft-batch``, ``startup-capture``, comma-separated;
+fixes it carries (``draft-batch``, ``startup-capture``,
+``non-overlap-entry``, ``verify-budget``, comma-separated;
 ``nox -s backport`` sets it). The plugin then stays off, and the row of the
 build's version is read with those fixes in place: the suite passes only if
 SGLang alone behaves as fixed.
@@ -31,6 +38,8 @@ BACKPORT_ENV = "SGLANG_DSPARK_DP_BACKPORT"
 FIXES = {
     "draft-batch": {"dp": False, "local": False, "blocks": None},
     "startup-capture": {"startup_tp": False, "startup_dp": False},
+    "non-overlap-entry": {"non_overlap": False},
+    "verify-budget": {"compact_verify": False},
 }
 
 KNOWN = {
@@ -40,6 +49,8 @@ KNOWN = {
         "blocks": False,
         "startup_tp": True,
         "startup_dp": True,
+        "non_overlap": False,
+        "compact_verify": True,
     },
     "0.5.17": {
         "dp": False,
@@ -47,6 +58,8 @@ KNOWN = {
         "blocks": True,
         "startup_tp": True,
         "startup_dp": True,
+        "non_overlap": False,
+        "compact_verify": True,
     },
     "0.5.18": {
         "dp": False,
@@ -54,6 +67,8 @@ KNOWN = {
         "blocks": True,
         "startup_tp": True,
         "startup_dp": True,
+        "non_overlap": False,
+        "compact_verify": True,
     },
     "0.5.19": {
         "dp": False,
@@ -61,6 +76,8 @@ KNOWN = {
         "blocks": False,
         "startup_tp": False,
         "startup_dp": True,
+        "non_overlap": True,
+        "compact_verify": True,
     },
     "0.5.20": {
         "dp": False,
@@ -68,6 +85,8 @@ KNOWN = {
         "blocks": False,
         "startup_tp": False,
         "startup_dp": True,
+        "non_overlap": True,
+        "compact_verify": True,
     },
     "0.5.21": {
         "dp": False,
@@ -75,6 +94,8 @@ KNOWN = {
         "blocks": False,
         "startup_tp": False,
         "startup_dp": True,
+        "non_overlap": False,
+        "compact_verify": True,
     },
     "0.5.22": {
         "dp": False,
@@ -82,6 +103,8 @@ KNOWN = {
         "blocks": False,
         "startup_tp": False,
         "startup_dp": True,
+        "non_overlap": False,
+        "compact_verify": True,
     },
     "0.5.23": {
         "dp": False,
@@ -89,6 +112,8 @@ KNOWN = {
         "blocks": False,
         "startup_tp": False,
         "startup_dp": True,
+        "non_overlap": False,
+        "compact_verify": True,
     },
 }
 
@@ -127,4 +152,6 @@ def needs(version: str) -> dict[str, bool] | None:
     return {
         "draft-batch": bool(row["dp"] or row["local"] or row["blocks"]),
         "startup-capture": bool(row["startup_tp"] or row["startup_dp"]),
+        "non-overlap-entry": bool(row["non_overlap"]),
+        "verify-budget": bool(row["compact_verify"]),
     }

@@ -82,13 +82,18 @@ def test_short_verify_passes_with_the_plugin(plugin, short_verify):
     assert "verify: OK" in proc.stdout
     startup = [x for x in proc.stdout.splitlines() if x.startswith("startup:")]
     assert len(startup) == 2 and all("all 2 ranks skipped" in x for x in startup)
+    tiers = [x for x in proc.stdout.splitlines() if x.startswith("compact-verify:")]
+    assert len(tiers) == 2 and all("agreed" in x for x in tiers), tiers
 
 
 def test_short_verify_names_each_stock_divergence(plugin, sglang_version, short_verify):
     row = recorded(sglang_version)
     proc = short_verify["stock"]
     out = proc.stdout
-    diverges = row["dp"] or row["startup_tp"] or row["startup_dp"]
+    diverges = any(
+        row[k]
+        for k in ("dp", "startup_tp", "startup_dp", "non_overlap", "compact_verify")
+    )
     assert proc.returncode == (1 if diverges else 0), out + proc.stderr[-2000:]
     assert "Traceback" not in out + proc.stderr
     startup = {
@@ -102,3 +107,8 @@ def test_short_verify_names_each_stock_divergence(plugin, sglang_version, short_
     assert ("hang" in startup["TP 2"]) is row["startup_tp"], startup["TP 2"]
     assert ("hang" in startup["TP 2, DP attention"]) is row["startup_dp"]
     assert ("stock DSpark crashes under DP attention" in out) is row["dp"]
+    entry = next(x for x in out.splitlines() if x.startswith("non-overlap:"))
+    assert ("every step crashes" in entry) is row["non_overlap"], entry
+    tiers = [x for x in out.splitlines() if x.startswith("compact-verify:")]
+    assert len(tiers) == 2, out
+    assert any("diverged" in x for x in tiers) is row["compact_verify"], tiers

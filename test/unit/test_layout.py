@@ -21,6 +21,9 @@ PRIVATE = (
     "_update_gather_batch",
     "_parallel_fields",
     "_generate_decode_cuda_graph_batch_sizes",
+    "_budget_from_resolved",
+    "_tp_sync",
+    "_tp_group",
 )
 
 

@@ -61,6 +61,8 @@ def topology_values(
         "attn_cp_size": 1,
         "attn_cp_rank": 0,
         "enable_prefill_cp": False,
+        "pp_size": 1,  # DSpark runs with one pipeline stage
+        "pp_rank": 0,
         # No process groups exist here: a description of the attention-TP
         # group stands in (its size and this rank); nothing communicates.
         "attn_tp_group": GroupShape(attn_tp_size, attn_tp_rank),

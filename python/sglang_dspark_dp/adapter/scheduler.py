@@ -1,5 +1,7 @@
 """The scheduler: its DP sync writer ``_update_gather_batch``, which
-writes the all-gathered sync sizes into a ``ScheduleBatch``."""
+writes the all-gathered sync sizes into a ``ScheduleBatch``, and
+``Scheduler.run_batch``, whose non-overlap speculative branch calls the
+DSpark worker's ``forward_batch_generation``."""
 
 from __future__ import annotations
 
@@ -13,6 +15,38 @@ from sglang_dspark_dp.outcome import DidNotEnable
 #: ``ScheduleBatch`` (what the scheduler runs after its DP all-gather).
 SYNC_WRITER = "sglang.srt.managers.scheduler_components.dp_attn._update_gather_batch"
 _SYNC_WRITER_NAME = SYNC_WRITER.rpartition(".")[2]
+
+
+SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+SCHEDULER = "Scheduler"
+RUN_BATCH = "run_batch"
+#: The scheduler module's helper that resolves a batch's inputs before the
+#: forward (it needs a live future map; a stand-in step skips it).
+RESOLVE_INPUTS = "resolve_forward_inputs"
+#: The keyword the non-overlap branch passes on some releases.
+PP_KWARG = "pp_proxy_tensors"
+
+
+def load_scheduler() -> tuple[Any, type]:
+    """``(scheduler module, Scheduler)``, or DidNotEnable saying why."""
+    try:
+        module = importlib.import_module(SCHEDULER_MODULE)
+    except ImportError as exc:
+        raise DidNotEnable(f"cannot import {SCHEDULER_MODULE} ({exc})") from exc
+    cls = getattr(module, SCHEDULER, None)
+    if not isinstance(cls, type) or not callable(getattr(cls, RUN_BATCH, None)):
+        raise DidNotEnable(f"{SCHEDULER_MODULE} has no {SCHEDULER}.{RUN_BATCH}")
+    return module, cls
+
+
+def no_input_resolution(module: Any) -> Any:
+    """For a ``with`` block: the scheduler module's input resolution is a
+    no-op (a stand-in batch has no future map to resolve against)."""
+    from sglang_dspark_dp.adapter.base import AttrSwap
+
+    if not callable(getattr(module, RESOLVE_INPUTS, None)):
+        return AttrSwap()
+    return AttrSwap((module, RESOLVE_INPUTS, lambda *a, **k: None))
 
 
 class SyncPathFailed(RuntimeError):

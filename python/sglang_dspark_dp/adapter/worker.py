@@ -20,6 +20,18 @@ WORKER = "DSparkWorkerV2"
 INIT_GRAPHS = "init_cuda_graphs"
 #: The startup-capture repair's hook target (``HookRegistry`` spelling).
 STARTUP_TARGET = f"{WORKER_MODULE}.{WORKER}.{INIT_GRAPHS}"
+#: Where the worker keeps its ``SpecTpSync`` (releases that have one).
+TP_SYNC_ATTR = "_tp_sync"
+#: The worker's step entry point (the scheduler calls it every step).
+FORWARD = "forward_batch_generation"
+#: The non-overlap repair's hook target (``HookRegistry`` spelling).
+FORWARD_TARGET = f"{WORKER_MODULE}.{WORKER}.{FORWARD}"
+#: What ``forward_batch_generation`` hands a prefill and a decode step to.
+STEP_METHODS = {"prefill": "_forward_prefill", "decode": "_forward_decode"}
+#: Its other collaborators, which a stand-in answers with no-ops.
+STEP_COLLABORATORS = ("_verify_planner", "_observers")
+#: Its switches a plain step (no DP attention) has off.
+STEP_SWITCHES_OFF = ("enable_dp_spec_prefill_coordination",)
 #: SGLang's free-memory helper: the name modules import it by, and the
 #: modules that define or re-export it.
 MEMORY_HELPER = "get_available_gpu_memory"
@@ -158,7 +170,7 @@ def reduced_tp_sync_reading(worker: Any, group: Any) -> AttrSwap:
     instance only) reduces the ``DSPARK_MEM`` reading over ``group``;
     every other site goes to the stock method unchanged, and no other sync
     site of ``SpecTpSync`` is touched."""
-    tp_sync = vars(worker).get("_tp_sync")
+    tp_sync = vars(worker).get(TP_SYNC_ATTR)
     if tp_sync is None or not callable(getattr(tp_sync, "available_memory_gb", None)):
         raise LookupError("the worker has no _tp_sync.available_memory_gb")
     stock = tp_sync.available_memory_gb
@@ -203,7 +215,7 @@ def memory_helper_sites(module: Any, worker: Any = None) -> list[Any]:
     startup reading can go through: the worker module, the module of its
     ``_tp_sync`` (if any) and the helper's homes (deduplicated)."""
     sites = [module]
-    tp_sync = None if worker is None else vars(worker).get("_tp_sync")
+    tp_sync = None if worker is None else vars(worker).get(TP_SYNC_ATTR)
     if tp_sync is not None:
         sync_module = sys.modules.get(type(tp_sync).__module__)
         if sync_module is not None:

@@ -23,6 +23,7 @@ from sglang_dspark_dp.adapter.base import AttrSwap, signature_of
 from sglang_dspark_dp.adapter.worker import (
     DRAFT_SAMPLER_BUILDER,
     MEMORY_HELPER,
+    TP_SYNC_ATTR,
     draft_worker_class,
     proposer_class,
 )
@@ -157,7 +158,7 @@ class WorkerStandIn:
             setattr(self, name, _stand_in(cls, name, impl))
         sync_cls = getattr(module, "SpecTpSync", None)
         if isinstance(sync_cls, type):
-            self._tp_sync = sync_cls(dp_tp_group)
+            setattr(self, TP_SYNC_ATTR, sync_cls(dp_tp_group))
 
     def _build_sampler(self, bound: Any) -> None:
         self.sampler_calls.append(dict(bound.arguments))

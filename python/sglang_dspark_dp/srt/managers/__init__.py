@@ -1,0 +1,1 @@
+"""Counterparts of ``sglang/srt/managers``."""
