@@ -1,0 +1,779 @@
+"""Compact-verify harness: do all TP ranks pick the same verify graph tier
+and all enter the ``verify_lens`` broadcast? One process per rank, the
+installed DSpark verify planner, CPU only.
+
+The ranks join a ``torch.distributed`` gloo group over loopback and each
+builds the installed ``DSparkVerifyPlanner`` by its own constructor, with
+its real ``HostConfidenceBudgetPlanner``, a profiled SPS table loaded from
+a file by SGLang's loader, its real top-k verify-length schedule and layout,
+and (overlap path) the real ``ConfidenceRelay``. What stands in
+(:mod:`sglang_dspark_dp.drivers.planner`): the model runner (a request pool
+and a decode CUDA-graph runner that captured ragged-verify tiers), the draft
+model (it has a confidence head; the confidences are given), the runtime
+settings, the TP group coordinator (its ``cpu_group`` is a real gloo group),
+the relay's CUDA events and stream, and the decode batch.
+
+Two scenarios:
+
+- ``drift`` (non-overlap path: ``resolve_verify_token_budget`` ->
+  ``compute_budget_sync`` -> ``schedule_layout``): at every step all ranks
+  share draft confidences set near a tie between two graph tiers (found with
+  the installed budget planner itself), and each rank adds its own noise of
+  ``noise`` (TP ranks' confidence heads differ by rounding);
+- ``late`` (overlap path: ``prepare_verify_budget`` -> ``schedule_layout``,
+  the relay published after each step): identical confidences everywhere,
+  but ``late_rank``'s lagged device-to-host copy has not landed every
+  ``late_every``-th step, so its relay resolves None.
+
+The ``verify_lens`` broadcast is checked before it runs: every rank that
+reaches it tells a referee group (a second gloo group every rank enters
+exactly once per step and once per broadcast); only when every rank is there
+does the real broadcast run. A rank left out is reported instead of left to
+hang (in a server the others would wait in it, or pair it with the next
+step's collective). The budget broadcast the repair adds runs on the TP
+group unchecked: if it were ever unbalanced the group's timeout (``hang_s``)
+would show it as a rank error.
+
+The parent collects every rank's per-step record; every collective has a
+timeout and the parent kills whatever is left. ``fix=False`` runs stock
+SGLang (the verify-budget repair uninstrumented in every rank), ``fix=True``
+the repair instrumented in every rank with ``REPAIR.instrument(apply=True)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import time
+import traceback
+from typing import Any
+
+from sglang_dspark_dp.harness.lockstep import CannotRun, free_port
+
+MAX_WORLD = 8
+DRIFT = "drift"
+LATE = "late"
+SCENARIOS = (DRIFT, LATE)
+MODES = ("compact", "cap-accept")
+
+#: The verify broadcast as the referee saw it at one step.
+ALL_IN = "all"  # every rank entered it
+NONE_IN = "none"  # no rank did (no budget anywhere: uniform layout)
+LEFT_OUT = "left-out"  # some ranks entered it, others never came
+
+_BCAST, _END = 1, 2
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CompactConfig:
+    """One run.
+
+    ``tp`` ranks (plain TP) run ``steps`` decode steps of ``bs`` requests
+    drafting ``gamma`` tokens each (verify window ``gamma + 1``; graphs are
+    captured at every multiple of ``bs`` tokens up to the full window).
+    ``scenario``: ``drift`` or ``late`` (see the module). ``mode``: the
+    ragged-verify mode (``compact``; ``cap-accept`` also schedules a budget
+    and broadcasts ``verify_lens``, but picks no graph tier from it).
+    """
+
+    scenario: str = DRIFT
+    tp: int = 2
+    steps: int = 40
+    fix: bool = True
+    seed: int = 0
+    bs: int = 16
+    gamma: int = 7
+    mode: str = "compact"
+    #: drift: each rank's confidences differ from the shared ones by up to
+    #: this much.
+    noise: float = 2e-3
+    #: late: whose relay copy is late, and how often (every k-th step,
+    #: counted from the first step the relay can resolve).
+    late_rank: int = 1
+    late_every: int = 7
+    timeout_s: float = 60.0
+    hang_s: float = 3.0
+    port: int = 0
+    #: Ranks whose verify-budget probe fails (an unexpected exception, as a
+    #: transient condition would raise) while the others' succeed.
+    probe_fails: tuple[int, ...] = ()
+
+    @property
+    def verify_tokens(self) -> int:
+        return self.gamma + 1
+
+    @property
+    def capture_num_tokens(self) -> list[int]:
+        return [self.bs * k for k in range(1, self.verify_tokens + 1)]
+
+    @property
+    def overlap(self) -> bool:
+        return self.scenario == LATE
+
+    def describe(self) -> str:
+        what = (
+            f"confidence drift {self.noise:g}"
+            if self.scenario == DRIFT
+            else f"rank {self.late_rank} late every {self.late_every} steps"
+        )
+        return f"TP {self.tp}, {self.mode}, {what}"
+
+    def validate(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise CannotRun(
+                f"scenario must be one of {', '.join(SCENARIOS)}, got "
+                f"{self.scenario!r}"
+            )
+        if self.mode not in MODES:
+            raise CannotRun(
+                f"mode must be one of {', '.join(MODES)}, got {self.mode!r}"
+            )
+        if not _is_int(self.tp) or not 2 <= self.tp <= MAX_WORLD:
+            raise CannotRun(
+                f"tp must be an integer between 2 and {MAX_WORLD}, got {self.tp!r}"
+            )
+        for field, low, high in (
+            ("steps", 1, 10_000),
+            ("bs", 1, 256),
+            ("gamma", 1, 16),
+            ("late_every", 1, 10_000),
+        ):
+            value = getattr(self, field)
+            if not _is_int(value) or not low <= value <= high:
+                raise CannotRun(
+                    f"{field} must be an integer between {low} and {high}, got "
+                    f"{value!r}"
+                )
+        if not _is_int(self.seed) or self.seed < 0:
+            raise CannotRun(f"seed must be an integer >= 0, got {self.seed!r}")
+        if not _is_number(self.noise) or not 0 <= self.noise < 0.5:
+            raise CannotRun(f"noise must be a number in [0, 0.5), got {self.noise!r}")
+        if not _is_int(self.late_rank) or not 0 <= self.late_rank < self.tp:
+            raise CannotRun(
+                f"late_rank must name a rank 0-{self.tp - 1}, got {self.late_rank!r}"
+            )
+        for field in ("timeout_s", "hang_s"):
+            value = getattr(self, field)
+            if not _is_number(value) or value <= 0:
+                raise CannotRun(f"{field} must be a positive number, got {value!r}")
+        if self.hang_s >= self.timeout_s:
+            raise CannotRun(
+                f"hang_s must be less than timeout_s ({self.timeout_s}), got "
+                f"{self.hang_s!r}"
+            )
+        if not _is_int(self.port) or not 0 <= self.port <= 65535:
+            raise CannotRun(f"port must be an integer 0-65535, got {self.port!r}")
+        try:
+            fails = tuple(self.probe_fails)
+        except TypeError:
+            raise CannotRun(
+                f"probe_fails must be a tuple of ranks, got {self.probe_fails!r}"
+            ) from None
+        if any(not _is_int(r) or not 0 <= r < self.tp for r in fails):
+            raise CannotRun(
+                f"probe_fails must name ranks 0-{self.tp - 1}, got {self.probe_fails!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutcome:
+    """What every rank did at one step."""
+
+    step: int
+    budgets: tuple[int | None, ...]
+    tiers: tuple[int | None, ...]  # graph_num_tokens (None: no compact layout)
+    in_broadcast: tuple[bool, ...]  # entered the verify_lens broadcast
+    late: tuple[bool, ...]  # this rank's relay copy was late
+
+    @property
+    def same_tier(self) -> bool:
+        return len(set(self.tiers)) == 1
+
+    @property
+    def broadcast(self) -> str:
+        if all(self.in_broadcast):
+            return ALL_IN
+        if not any(self.in_broadcast):
+            return NONE_IN
+        return LEFT_OUT
+
+    @property
+    def agree(self) -> bool:
+        return self.same_tier and self.broadcast != LEFT_OUT
+
+    def tier_text(self) -> str:
+        return "graph tiers " + ", ".join(
+            f"rank {r}: {t} (budget {b})"
+            for r, (t, b) in enumerate(zip(self.tiers, self.budgets, strict=True))
+        )
+
+    def broadcast_text(self) -> str:
+        ins = [r for r, x in enumerate(self.in_broadcast) if x]
+        outs = [r for r, x in enumerate(self.in_broadcast) if not x]
+        late = [r for r, x in enumerate(self.late) if x]
+        why = f"; late: {_ranks(late)}" if late else ""
+        return (
+            f"only {_ranks(ins)} entered the verify_lens broadcast "
+            f"({_ranks(outs)} never came{why})"
+        )
+
+    def describe(self) -> str:
+        parts = []
+        if not self.same_tier:
+            parts.append(self.tier_text())
+        if self.broadcast == LEFT_OUT:
+            parts.append(self.broadcast_text())
+        return f"step {self.step}: " + ("; ".join(parts) or "agree")
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(str(r) for r in ranks)
+
+
+@dataclasses.dataclass
+class CompactResult:
+    config: CompactConfig
+    sglang_version: str
+    #: The verify-budget repair's status in each rank (``Status.as_dict()``).
+    repairs: tuple[dict[str, Any], ...]
+    steps: tuple[StepOutcome, ...]
+    #: Rank -> what went wrong there (an exception, a timeout, a dead rank).
+    errors: dict[int, str]
+    seconds: float
+
+    @property
+    def complete(self) -> bool:
+        return not self.errors and len(self.steps) == self.config.steps
+
+    @property
+    def diverged(self) -> list[StepOutcome]:
+        """Steps whose ranks chose different graph tiers."""
+        return [s for s in self.steps if not s.same_tier]
+
+    @property
+    def left_out(self) -> list[StepOutcome]:
+        """Steps where some ranks entered the verify_lens broadcast and
+        others did not."""
+        return [s for s in self.steps if s.broadcast == LEFT_OUT]
+
+    @property
+    def late_steps(self) -> list[StepOutcome]:
+        return [s for s in self.steps if any(s.late)]
+
+    @property
+    def agree(self) -> bool:
+        """Every step ran on every rank, with one tier and the broadcast
+        entered by all ranks or by none."""
+        return self.complete and all(s.agree for s in self.steps)
+
+    @property
+    def repair(self) -> dict[str, Any]:
+        return self.repairs[0] if self.repairs else {}
+
+    def summary(self) -> str:
+        """One line for the CLI."""
+        where = f"{self.config.describe()}, {'fixed' if self.config.fix else 'stock'}"
+        n = len(self.steps)
+        if self.errors:
+            first = min(self.errors)
+            return (
+                f"{where}: failed after {n} steps (rank {first}: "
+                f"{self.errors[first].splitlines()[-1][:200]})"
+            )
+        if self.agree:
+            tiers = sorted({t for s in self.steps for t in s.tiers if t is not None})
+            ins = sum(s.broadcast == ALL_IN for s in self.steps)
+            return (
+                f"{where}: all {self.config.tp} ranks agreed at every one of {n} steps "
+                f"(graph tiers used: {tiers}; verify_lens broadcast entered by all "
+                f"ranks at {ins} steps, by none at {n - ins})"
+            )
+        bits = []
+        if self.diverged:
+            first = self.diverged[0]
+            bits.append(
+                f"graph tiers diverged at {len(self.diverged)} of {n} steps "
+                f"(first: step {first.step}: {first.tier_text()})"
+            )
+        if self.left_out:
+            late = sum(1 for s in self.left_out if any(s.late))
+            scope = (
+                f", {late} of {len(self.late_steps)} late steps"
+                if self.late_steps
+                else ""
+            )
+            first = self.left_out[0]
+            bits.append(
+                f"a rank was left out of the verify_lens broadcast at "
+                f"{len(self.left_out)} steps{scope} (first: step {first.step}: "
+                f"{first.broadcast_text()})"
+            )
+        return f"{where}: " + "; ".join(bits)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "config": dataclasses.asdict(self.config),
+            "sglang": self.sglang_version,
+            "repair": dict(self.repair),
+            "agree": self.agree,
+            "diverged_steps": [s.step for s in self.diverged],
+            "left_out_steps": [s.step for s in self.left_out],
+            "late_steps": [s.step for s in self.late_steps],
+            "errors": {str(k): v for k, v in self.errors.items()},
+            "steps": [
+                dict(dataclasses.asdict(s), broadcast=s.broadcast) for s in self.steps
+            ],
+            "summary": self.summary(),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+# --------------------------------------------------------------------------
+# One rank.
+# --------------------------------------------------------------------------
+
+
+class _Referee:
+    """Tells every rank where the others are before a ``verify_lens``
+    broadcast and at the end of each step (one small all-gather over its
+    own gloo group)."""
+
+    def __init__(self, pg: Any, world: int) -> None:
+        self.pg = pg
+        self.world = world
+
+    def where(self, kind: int, step: int) -> list[tuple[int, int]]:
+        import torch
+        import torch.distributed as dist
+
+        mine = torch.tensor([kind, step], dtype=torch.int64)
+        out = torch.empty((self.world * 2,), dtype=torch.int64)
+        dist.all_gather_into_tensor(out, mine, group=self.pg)
+        flat = out.tolist()
+        return [(int(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+    def end_step(self, step: int) -> None:
+        """Leave the step; while other ranks are still in a broadcast this
+        rank skipped, answer them until all are at the end."""
+        while True:
+            seen = self.where(_END, step)
+            if all(kind == _END for kind, _ in seen):
+                return
+
+
+class _TPGroup:
+    """Stands in for SGLang's ``GroupCoordinator`` of the TP group: its
+    size, this rank's place, its gloo ``cpu_group``, and a ``broadcast``
+    that the referee checks before the real one runs."""
+
+    def __init__(self, ranks: list[int], rank: int, pg: Any, referee: _Referee):
+        self.ranks = list(ranks)
+        self.world_size = len(ranks)
+        self.rank_in_group = self.ranks.index(rank)
+        self.first_rank = self.ranks[0]
+        self.cpu_group = pg
+        self.device_group = pg
+        self._referee = referee
+        self.step = -1
+        self.entered = False
+        self.outcome = NONE_IN
+
+    def broadcast(self, tensor: Any, src: int = 0) -> Any:
+        import torch.distributed as dist
+
+        self.entered = True
+        seen = self._referee.where(_BCAST, self.step)
+        if all(s == (_BCAST, self.step) for s in seen):
+            dist.broadcast(tensor, src=self.ranks[src], group=self.cpu_group)
+            self.outcome = ALL_IN
+        else:
+            # Others never come: a server would hang here, or pair this with
+            # their next collective. Reported instead.
+            self.outcome = LEFT_OUT
+        return tensor
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self.cpu_group)
+
+    def __repr__(self) -> str:
+        return f"_TPGroup(ranks={self.ranks})"
+
+
+def _near_tie(cfg: CompactConfig, oracle: Any, module: Any, shape: Any) -> Any:
+    """Confidences ``scale * shape`` with ``scale`` bisected to the edge
+    between two graph tiers of the installed budget planner (``oracle``:
+    a one-rank planner whose budget method is stock)."""
+    import torch
+
+    from sglang_dspark_dp.adapter import planner as sg_planner
+
+    rows = torch.arange(1, cfg.bs + 1, dtype=torch.int64)
+    prefix = torch.full((cfg.bs,), 64, dtype=torch.int64)
+
+    def tier(scale: float) -> int | None:
+        budget = oracle.compute_budget_sync(
+            confidence=(shape * scale).clamp(0.0, 1.0),
+            prefix_lens=prefix,
+            req_pool_indices=rows,
+        )
+        return sg_planner.graph_tier(
+            module,
+            bs=cfg.bs,
+            budget=budget,
+            verify_num_draft_tokens=cfg.verify_tokens,
+            capture_num_tokens=cfg.capture_num_tokens,
+        )
+
+    lo, hi = 0.3, 1.0
+    t_lo, t_hi = tier(lo), tier(hi)
+    if t_lo == t_hi:
+        return shape * hi
+    for _ in range(24):
+        mid = (lo + hi) / 2
+        if tier(mid) == t_lo:
+            lo = mid
+        else:
+            hi = mid
+    return shape * ((lo + hi) / 2)
+
+
+def _rank_main(
+    rank: int, cfg: CompactConfig, port: int, sps_path: str, results, release
+):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ["SGLANG_RAGGED_VERIFY_MODE"] = cfg.mode
+    records: list[dict[str, Any]] = []
+    status: dict[str, Any] = {}
+    error = ""
+    try:
+        _rank_run(rank, cfg, port, sps_path, records, status)
+    except Exception as exc:
+        error = "".join(traceback.format_exception(exc))[-2000:]
+    results.put((rank, {"records": records, "status": status, "error": error}))
+    release.wait(cfg.timeout_s)
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def _rank_run(
+    rank: int,
+    cfg: CompactConfig,
+    port: int,
+    sps_path: str,
+    records: list[dict[str, Any]],
+    status: dict[str, Any],
+) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from sglang_dspark_dp.adapter import planner as sg_planner
+    from sglang_dspark_dp.drivers import planner as standins
+    from sglang_dspark_dp.srt.speculative.dspark_components import (
+        dspark_planner as budget_repair,
+    )
+
+    torch.set_num_threads(1)
+    module, cls = sg_planner.load_planner()
+    repair = budget_repair.REPAIR
+    # Whatever the parent had, each rank starts as a server process does:
+    # nothing hooked, then (fixed) its own probe.
+    repair.uninstrument()
+    if cfg.fix:
+        if rank in cfg.probe_fails:
+
+            def failing_probe(*args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError(f"probe fault injected on rank {rank}")
+
+            budget_repair.probe = failing_probe  # this rank's process only
+        status.update(repair.instrument(apply=True).as_dict())
+    else:
+        status.update(repair.status().as_dict())
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=cfg.tp,
+        timeout=datetime.timedelta(seconds=cfg.timeout_s),
+    )
+    everyone = list(range(cfg.tp))
+    tp_pg = dist.new_group(everyone, timeout=datetime.timedelta(seconds=cfg.hang_s))
+    referee = _Referee(
+        dist.new_group(everyone, timeout=datetime.timedelta(seconds=cfg.timeout_s)),
+        cfg.tp,
+    )
+    group = _TPGroup(everyone, rank, tp_pg, referee)
+
+    rows = torch.arange(1, cfg.bs + 1, dtype=torch.int64)
+    prefix = torch.full((cfg.bs,), 64, dtype=torch.int64)
+    cpu = torch.device("cpu")
+
+    def runner() -> Any:
+        r = standins.model_runner(
+            req_pool_size=cfg.bs + 1,
+            capture_num_tokens=cfg.capture_num_tokens,
+            max_bs=cfg.bs,
+        )
+        r.req_to_token_pool.req_generation[rows] = 1
+        return r
+
+    rt = standins.runtime(
+        tp_size=cfg.tp,
+        disable_overlap_schedule=not cfg.overlap,
+        sps_table_path=sps_path,
+    )
+    one = standins.runtime(
+        tp_size=1, disable_overlap_schedule=False, sps_table_path=sps_path
+    )
+    late_now = [False]
+    with sg_planner.runtime_swaps(module, runtime=rt, group=group):
+        planner = sg_planner.build_planner(
+            module,
+            cls,
+            draft_model=standins.draft_model(),
+            model_runner=runner(),
+            runtime=rt,
+            group=group,
+            gamma=cfg.gamma,
+            verify_num_draft_tokens=cfg.verify_tokens,
+            tp_rank=rank,
+        )
+        oracle = None
+        if cfg.scenario == DRIFT:
+            with sg_planner.runtime_swaps(
+                module, runtime=one, group=standins.ReplayGroup(1)
+            ):
+                oracle = sg_planner.build_planner(
+                    module,
+                    cls,
+                    draft_model=standins.draft_model(),
+                    model_runner=runner(),
+                    runtime=one,
+                    group=standins.ReplayGroup(1),
+                    gamma=cfg.gamma,
+                    verify_num_draft_tokens=cfg.verify_tokens,
+                )
+        relay = future_map = None
+        if cfg.overlap:
+            lag, depth = sg_planner.relay_lag_steps()
+            events = [
+                standins.CopyEvent(landed=lambda: not late_now[0]) for _ in range(depth)
+            ]
+            relay = sg_planner.relay_on_cpu(
+                pool=planner.model_runner.req_to_token_pool,
+                req_pool_size=cfg.bs + 1,
+                gamma=cfg.gamma,
+                events=events,
+            )
+            future_map = standins.FutureMapStandIn(
+                relay, standins.CopyStream(), publish_ready=object()
+            )
+        shared = torch.Generator().manual_seed(cfg.seed)
+        own = torch.Generator().manual_seed(cfg.seed * 1000 + rank + 1)
+        for step in range(cfg.steps):
+            shape = torch.rand((cfg.bs, cfg.gamma), generator=shared) * 0.6 + 0.4
+            group.step, group.entered, group.outcome = step, False, NONE_IN
+            if cfg.scenario == DRIFT:
+                with sg_planner.bind_budget(oracle, sg_planner.stock_budget(cls)):
+                    base = _near_tie(cfg, oracle, module, shape)
+                noise = torch.rand((cfg.bs, cfg.gamma), generator=own) * 2 - 1
+                confidence = (base + noise * cfg.noise).clamp(0.0, 1.0)
+                draft_input = standins.decode_batch(req_pool_indices=rows).spec_info
+                late_now[0] = False
+            else:
+                confidence = shape
+                batch = standins.decode_batch(req_pool_indices=rows)
+                draft_input = batch.spec_info
+                late_now[0] = rank == cfg.late_rank and (
+                    step >= lag and (step - lag) % cfg.late_every == cfg.late_every - 1
+                )
+                planner.prepare_verify_budget(batch, future_map)
+            budget = planner.resolve_verify_token_budget(
+                draft_input=draft_input,
+                confidence=confidence,
+                prefix_lens=prefix,
+                req_pool_indices=rows,
+            )
+            layout = planner.schedule_layout(
+                req_pool_indices=rows,
+                prefix_lens=prefix,
+                device=cpu,
+                confidence=confidence,
+                budget=budget,
+            )
+            if future_map is not None:
+                future_map.publish(rows, confidence)
+            records.append(
+                {
+                    "step": step,
+                    "budget": budget,
+                    "tier": None if layout is None else int(layout.graph_num_tokens),
+                    "entered": group.entered,
+                    "late": late_now[0],
+                }
+            )
+            referee.end_step(step)
+
+
+# --------------------------------------------------------------------------
+# Parent.
+# --------------------------------------------------------------------------
+
+
+def _write_sps_table(cfg: CompactConfig) -> str:
+    """A profiled SPS table (steps per second falling with batch tokens,
+    one probe per captured tier) in a file, as ``--speculative-dspark-sps-
+    table-path`` names one."""
+    from sglang_dspark_dp.adapter import planner as sg_planner
+
+    tiers = cfg.capture_num_tokens
+    rates = [
+        100.0 * (1.0 - 0.5 * i / max(len(tiers) - 1, 1)) for i in range(len(tiers))
+    ]
+    table = sg_planner.profiled_sps_table(
+        list(zip(tiers, rates, strict=False)), max_batch_tokens=tiers[-1]
+    )
+    fd, path = tempfile.mkstemp(prefix="dspark-sps-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        f.write(sg_planner.sps_table_json(table))
+    return path
+
+
+def run_compact_verify(cfg: CompactConfig) -> CompactResult:
+    """Run one scenario; raises :class:`CannotRun` for bad input or when the
+    installed SGLang has no DSpark verify planner to drive."""
+    cfg.validate()
+    from sglang_dspark_dp.adapter import planner as sg_planner
+    from sglang_dspark_dp.outcome import DidNotEnable
+    from sglang_dspark_dp.package import installed_sglang_version
+
+    try:
+        sg_planner.load_planner()  # imported here, so forked ranks start warm
+        from sglang_dspark_dp.drivers import planner as _standins  # noqa: F401
+        from sglang_dspark_dp.srt.speculative.dspark_components import (  # noqa: F401
+            dspark_planner as _repair,
+        )
+    except DidNotEnable as exc:
+        raise CannotRun(str(exc)) from exc
+    port = free_port(cfg.port)
+    sps_path = _write_sps_table(cfg)
+    ctx = mp.get_context(os.environ.get("SGLANG_DSPARK_DP_START_METHOD", "fork"))
+    results = ctx.Queue()
+    release = ctx.Event()
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(r, cfg, port, sps_path, results, release),
+            daemon=True,
+        )
+        for r in range(cfg.tp)
+    ]
+    start = time.monotonic()
+    deadline = start + cfg.timeout_s
+    reports: dict[int, dict[str, Any]] = {}
+    try:
+        for p in procs:
+            p.start()
+        while len(reports) < cfg.tp and time.monotonic() < deadline:
+            try:
+                rank, report = results.get(timeout=0.2)
+                reports[rank] = report
+                continue
+            except queue.Empty:
+                pass
+            for r, p in enumerate(procs):
+                if r not in reports and p.exitcode is not None:
+                    try:
+                        rank, report = results.get(timeout=1.0)
+                        reports[rank] = report
+                    except queue.Empty:
+                        reports[r] = {
+                            "records": [],
+                            "status": {},
+                            "error": f"the rank's process died (exit code "
+                            f"{p.exitcode})",
+                        }
+    finally:
+        release.set()
+        for p in procs:
+            p.join(timeout=5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        results.close()
+        try:
+            os.unlink(sps_path)
+        except OSError:
+            pass
+    errors: dict[int, str] = {}
+    for r in range(cfg.tp):
+        report = reports.get(r)
+        if report is None:
+            errors[r] = f"no report within {cfg.timeout_s:g} s (killed)"
+        elif report["error"]:
+            errors[r] = report["error"]
+    by_rank = [
+        {rec["step"]: rec for rec in reports.get(r, {}).get("records", [])}
+        for r in range(cfg.tp)
+    ]
+    steps = []
+    for step in range(cfg.steps):
+        recs = [ranks.get(step) for ranks in by_rank]
+        if any(rec is None for rec in recs):
+            break
+        steps.append(
+            StepOutcome(
+                step=step,
+                budgets=tuple(rec["budget"] for rec in recs),
+                tiers=tuple(rec["tier"] for rec in recs),
+                in_broadcast=tuple(bool(rec["entered"]) for rec in recs),
+                late=tuple(bool(rec["late"]) for rec in recs),
+            )
+        )
+    return CompactResult(
+        config=cfg,
+        sglang_version=installed_sglang_version() or "unknown",
+        repairs=tuple(reports.get(r, {}).get("status", {}) for r in range(cfg.tp)),
+        steps=tuple(steps),
+        errors=errors,
+        seconds=time.monotonic() - start,
+    )
+
+
+def run_scenarios(
+    *, fix: bool = True, scenarios: tuple[str, ...] = SCENARIOS, **config: Any
+) -> list[CompactResult]:
+    """:func:`run_compact_verify` for each scenario; ``config`` goes to
+    every :class:`CompactConfig`."""
+    return [
+        run_compact_verify(CompactConfig(scenario=s, fix=fix, **config))
+        for s in scenarios
+    ]
