@@ -10,7 +10,11 @@ on the draft CUDA-graph capture at startup under plain TP / DP attention
 under DP attention with attention TP 1 its group has one rank);
 ``non_overlap``: with ``--disable-overlap-schedule`` the scheduler's call to
 the DSpark worker raises ``TypeError`` at every step (SGLang #39262);
-``compact_verify``: with a budget-scheduling ragged verify mode the ranks
+``folded``: the release decides folded sampling from free memory at
+startup (0.5.17-0.5.18 by its own rank-local reading, 0.5.19-0.5.21 from
+the reading the worker hands it), so where that reading is rank-local
+(``startup_tp`` / ``startup_dp``) ranks can fold differently and mismatch a
+collective at the first sampling step; ``compact_verify``: with a budget-scheduling ragged verify mode the ranks
 of a TP group pick the verify graph tier from their own budget, and a rank
 whose confidences are late leaves the ``verify_lens`` broadcast (SGLang
 #31195). Each row was
@@ -51,6 +55,7 @@ KNOWN = {
         "startup_dp": True,
         "non_overlap": False,
         "compact_verify": True,
+        "folded": False,
     },
     "0.5.17": {
         "dp": False,
@@ -60,6 +65,7 @@ KNOWN = {
         "startup_dp": True,
         "non_overlap": False,
         "compact_verify": True,
+        "folded": True,
     },
     "0.5.18": {
         "dp": False,
@@ -69,6 +75,7 @@ KNOWN = {
         "startup_dp": True,
         "non_overlap": False,
         "compact_verify": True,
+        "folded": True,
     },
     "0.5.19": {
         "dp": False,
@@ -78,6 +85,7 @@ KNOWN = {
         "startup_dp": True,
         "non_overlap": True,
         "compact_verify": True,
+        "folded": True,
     },
     "0.5.20": {
         "dp": False,
@@ -87,6 +95,7 @@ KNOWN = {
         "startup_dp": True,
         "non_overlap": True,
         "compact_verify": True,
+        "folded": True,
     },
     "0.5.21": {
         "dp": False,
@@ -96,6 +105,7 @@ KNOWN = {
         "startup_dp": True,
         "non_overlap": False,
         "compact_verify": True,
+        "folded": True,
     },
     "0.5.22": {
         "dp": False,
@@ -105,6 +115,7 @@ KNOWN = {
         "startup_dp": True,
         "non_overlap": False,
         "compact_verify": True,
+        "folded": False,
     },
     "0.5.23": {
         "dp": False,
@@ -114,6 +125,7 @@ KNOWN = {
         "startup_dp": True,
         "non_overlap": False,
         "compact_verify": True,
+        "folded": False,
     },
 }
 

@@ -167,6 +167,34 @@ def test_a_rank_whose_probe_fails_brings_its_group_to_stock_not_to_a_hang(
     ]
 
 
+@pytest.mark.parametrize("topology", ["tp4", "dp4"])
+def test_folded_sampling_decision(worker, sglang_version, topology):
+    """Every rank has room to capture, one has too little for the folded
+    sampling buffers (the stand-in model's need plus SGLang's headroom): the
+    installed folded-sampling decision, stock, splits the ranks where its
+    reading is rank-local; repaired, every rank decides alike (without)."""
+    row = known(sglang_version)
+    if row is None:
+        pytest.skip(f"stock behaviour of sglang {sglang_version} is not recorded")
+    kind = "tp" if topology.startswith("tp") else "dp"
+    cfg = dict(TOPOLOGIES[topology], free_gib=(40.0, 40.0, 1.5, 40.0))
+    stock = run(fix=False, **cfg)
+    assert not stock.hung and {r.decision for r in stock.ranks} == {startup.CAPTURED}
+    folded = [r.folded for r in stock.ranks]
+    if not row["folded"]:
+        assert folded == [None] * 4
+    elif row[f"startup_{kind}"]:
+        assert folded == [True, True, False, True], stock.summary()
+        assert "disagree on folded sampling" in stock.summary()
+    else:
+        assert folded == [False] * 4
+    fixed = run(fix=True, **cfg)
+    assert fixed.agree, fixed.divergence
+    assert [r.folded for r in fixed.ranks] == (
+        [False] * 4 if row["folded"] else [None] * 4
+    )
+
+
 def test_repaired_tp_without_the_memory_sync_site(worker):
     """The repair reduces the memory reading even when SGLANG_SPEC_TP_SYNC
     leaves its site out (a release with SpecTpSync); other sites are not
@@ -260,11 +288,14 @@ def test_hook_reduces_over_the_capture_group_in_process(worker, restore_repair):
         pytest.skip(f"the repair is not enabled here: {status.line()}")
     group = standins.ProbeGroup(world_size=4, rank_in_group=1)
     readings, told = drive(cls, module, group, free=2.0)
-    assert [(r.distributed, r.cpu_group) for r in readings] == [(True, group.cpu_group)]
+    # The capture decision's reading, and the folded-sampling decision's
+    # where the release reads its own (0.5.17-0.5.18): all reduced.
+    assert readings
+    assert {(r.distributed, r.cpu_group) for r in readings} == {(True, group.cpu_group)}
     assert told == [True]
     # One rank: nothing to reduce over, the stock reading as it was.
     readings, _ = drive(cls, module, standins.ProbeGroup(world_size=1), free=2.0)
-    assert [r.distributed for r in readings] == [False]
+    assert readings and not any(r.distributed for r in readings)
 
 
 def test_hook_changes_nothing_outside_the_call(worker, restore_repair):

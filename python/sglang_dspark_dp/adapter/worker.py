@@ -20,6 +20,11 @@ WORKER = "DSparkWorkerV2"
 INIT_GRAPHS = "init_cuda_graphs"
 #: The startup-capture repair's hook target (``HookRegistry`` spelling).
 STARTUP_TARGET = f"{WORKER_MODULE}.{WORKER}.{INIT_GRAPHS}"
+#: The draft sampler's module and its folded-sampling decision, which reads
+#: free memory too on some releases (by its own name for the helper, or from
+#: the ``available_memory_gb`` the worker hands it).
+SAMPLER_MODULE = "sglang.srt.speculative.dspark_components.dspark_draft_sampler"
+FOLDED_DECISION = "_resolve_folded_sampling"
 #: Where the worker keeps its ``SpecTpSync`` (releases that have one).
 TP_SYNC_ATTR = "_tp_sync"
 #: The worker's step entry point (the scheduler calls it every step).
@@ -65,6 +70,36 @@ def load_worker() -> tuple[Any, type]:
             f"{WORKER}.{INIT_GRAPHS} has an unexpected signature ({', '.join(params)})"
         )
     return module, cls
+
+
+def folded_decision() -> Any:
+    """The installed folded-sampling decision (None: this release has none)."""
+    try:
+        module = importlib.import_module(SAMPLER_MODULE)
+    except ImportError:
+        return None
+    fn = getattr(module, FOLDED_DECISION, None)
+    return fn if callable(fn) else None
+
+
+def decide_folded(fn: Any, *, model: Any, gamma: int, max_bs: int, **given: Any):
+    """Call the installed decision with what it takes: the model, the draft
+    width and the largest batch, plus whichever of ``given`` (``device``,
+    ``tp_rank``, ``available_memory_gb``) its signature names."""
+    sig = signature_of(fn)
+    names = set() if sig is None else set(sig.parameters)
+    kwargs = {k: v for k, v in given.items() if k in names}
+    return bool(fn(model=model, gamma=gamma, max_bs=max_bs, **kwargs))
+
+
+def sampler_sites() -> list[Any]:
+    """The draft sampler's module where it calls the memory helper by its own
+    name (0.5.17-0.5.18), else nothing."""
+    try:
+        module = importlib.import_module(SAMPLER_MODULE)
+    except ImportError:
+        return []
+    return [module] if hasattr(module, MEMORY_HELPER) else []
 
 
 def draft_worker_class() -> type | None:
@@ -146,14 +181,17 @@ def _distributed_call(fn: Any, cpu_group: Any) -> Any:
 
 def reduced_module_reading(module: Any, group: Any) -> AttrSwap:
     """For a ``with`` block: the worker module's own name for the memory
-    helper calls it reduced over ``group`` (releases whose
-    ``init_cuda_graphs`` calls the helper by that name)."""
+    helper, and the draft sampler module's where it has one, call it
+    reduced over ``group`` (releases whose ``init_cuda_graphs`` and
+    folded-sampling decision call the helper by those names)."""
     current = getattr(module, MEMORY_HELPER, None)
     if current is None:
         raise LookupError(f"{module.__name__} has no name {MEMORY_HELPER}")
-    return AttrSwap(
-        (module, MEMORY_HELPER, _distributed_call(current, group.cpu_group))
-    )
+    swaps = [(module, MEMORY_HELPER, _distributed_call(current, group.cpu_group))]
+    for site in sampler_sites():
+        helper = getattr(site, MEMORY_HELPER)
+        swaps.append((site, MEMORY_HELPER, _distributed_call(helper, group.cpu_group)))
+    return AttrSwap(*swaps)
 
 
 def memory_helper_near(obj: Any) -> Any:
@@ -207,6 +245,10 @@ def pretend_cuda(module: Any) -> AttrSwap:
             swaps.append((module, name, lambda: True))
     if callable(getattr(module, "draft_pp_context", None)):
         swaps.append((module, "draft_pp_context", contextlib.nullcontext))
+    if sampler_sites():  # its decision asks CUDA for the current device
+        import torch
+
+        swaps.append((torch.cuda, "current_device", lambda: 0))
     return AttrSwap(*swaps)
 
 
@@ -220,6 +262,7 @@ def memory_helper_sites(module: Any, worker: Any = None) -> list[Any]:
         sync_module = sys.modules.get(type(tp_sync).__module__)
         if sync_module is not None:
             sites.append(sync_module)
+    sites.extend(sampler_sites())
     for home in MEMORY_HELPER_HOMES:
         sites.append(importlib.import_module(home))
     out: list[Any] = []

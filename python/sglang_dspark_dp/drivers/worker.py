@@ -24,9 +24,34 @@ from sglang_dspark_dp.adapter.worker import (
     DRAFT_SAMPLER_BUILDER,
     MEMORY_HELPER,
     TP_SYNC_ATTR,
+    decide_folded,
     draft_worker_class,
+    folded_decision,
     proposer_class,
 )
+
+#: The stand-in draft model's folded-sampling buffers: the installed
+#: decision finds them needing this many GiB (draft width 4, 128 requests,
+#: bf16 logits), so a rank with less than this plus SGLang's headroom free
+#: decides against folded sampling.
+FOLDED_NEED_GIB = 1.0
+FOLDED_GAMMA, FOLDED_MAX_BS = 4, 128
+_BYTES_PER_VOCAB_ENTRY = FOLDED_MAX_BS * 4 + FOLDED_MAX_BS * FOLDED_GAMMA * 2
+
+
+def folded_model() -> Any:
+    """A draft model stand-in with what the folded-sampling decision reads:
+    the LM head's vocabulary size and its (empty, bf16) weight, and a Markov
+    head that is not the sharded-greedy kind."""
+    import torch
+
+    vocab = int(FOLDED_NEED_GIB * (1 << 30)) // _BYTES_PER_VOCAB_ENTRY
+    return SimpleNamespace(
+        lm_head=SimpleNamespace(
+            org_vocab_size=vocab, weight=torch.empty(0, dtype=torch.bfloat16)
+        ),
+        markov_head=SimpleNamespace(),  # a plain head (no sharded greedy)
+    )
 
 
 def following(sig: inspect.Signature | None, impl: Callable[[Any], Any]) -> Any:
@@ -106,7 +131,10 @@ class WorkerStandIn:
     under DP attention, the TP group otherwise). A ``capture_group`` without
     a ``cpu_group`` (e.g. a ``GroupShape``) is one the repair cannot reduce
     over. ``sampler_calls`` records the arguments of every draft-sampler
-    build (e.g. the ``available_memory_gb`` later releases pass)."""
+    build (e.g. the ``available_memory_gb`` later releases pass); where the
+    release has a folded-sampling decision, the build runs the installed one
+    on a stand-in draft model (:func:`folded_model`) and ``folded`` records
+    what it decided (None: no decision was made)."""
 
     def __init__(
         self,
@@ -133,6 +161,7 @@ class WorkerStandIn:
         self._draft_graph_group = capture_group
         self._draft_sampler = None
         self.sampler_calls: list[dict[str, Any]] = []
+        self.folded: bool | None = None
         self._draft_worker = SimpleNamespace(
             init_cuda_graphs=_stand_in(
                 draft_worker_class(),
@@ -162,6 +191,18 @@ class WorkerStandIn:
 
     def _build_sampler(self, bound: Any) -> None:
         self.sampler_calls.append(dict(bound.arguments))
+        decide = folded_decision()
+        if decide is not None:
+            given = dict(bound.arguments)
+            self.folded = decide_folded(
+                decide,
+                model=folded_model(),
+                gamma=FOLDED_GAMMA,
+                max_bs=FOLDED_MAX_BS,
+                device=self.device,
+                tp_rank=0,
+                **{k: v for k, v in given.items() if k == "available_memory_gb"},
+            )
         return None
 
 

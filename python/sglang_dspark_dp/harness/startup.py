@@ -179,6 +179,9 @@ class RankOutcome:
     decision: str  # CAPTURED | SKIPPED | HUNG | ERROR
     detail: str = ""
     repair: str = ""  # the startup-capture repair's outcome on this rank
+    #: Its folded-sampling decision (the installed one, where the release
+    #: makes it from free memory; None: not made).
+    folded: bool | None = None
 
     @property
     def finished(self) -> bool:
@@ -192,6 +195,9 @@ class RankOutcome:
             how = "capture-group minimum" if self.reduced else "rank-local"
             read = f"read {self.read_gib:.2f} GiB ({how})"
         if self.decision == CAPTURED:
+            if self.folded is not None:
+                on = "with" if self.folded else "without"
+                return f"{read} and captured the draft CUDA graphs {on} folded sampling"
             return f"{read} and captured the draft CUDA graphs"
         if self.decision == SKIPPED:
             return f"{read} and skipped draft CUDA-graph capture"
@@ -219,9 +225,10 @@ class StartupResult:
 
     @property
     def agree(self) -> bool:
-        """Every rank finished ``init_cuda_graphs`` with the same decision."""
+        """Every rank finished ``init_cuda_graphs`` with the same decisions
+        (capture, and folded sampling where it was decided)."""
         return all(r.finished for r in self.ranks) and (
-            len({r.decision for r in self.ranks}) == 1
+            len({(r.decision, r.folded) for r in self.ranks}) == 1
         )
 
     @property
@@ -252,7 +259,15 @@ class StartupResult:
         for r in self.ranks:
             groups.setdefault(r.describe(), []).append(r.rank)
         parts = [f"{_ranks_text(ranks)} {text}" for text, ranks in groups.items()]
-        head = "startup hang: " if self.hung else "ranks disagree on draft capture: "
+        if self.hung:
+            head = "startup hang: "
+        elif len({r.decision for r in self.ranks}) == 1:
+            head = (
+                "ranks disagree on folded sampling (a mismatched collective at "
+                "the first sampling step): "
+            )
+        else:
+            head = "ranks disagree on draft capture: "
         return head + "; ".join(parts)
 
     def summary(self) -> str:
@@ -269,8 +284,13 @@ class StartupResult:
             how = "each rank its own reading"
         verdict = "" if self.correct else f" (expected: {self.expected})"
         who = f"all {len(self.ranks)} ranks" if len(self.ranks) > 1 else "the rank"
+        folded = (
+            ""
+            if r.folded is None
+            else f" {'with' if r.folded else 'without'} folded sampling"
+        )
         return (
-            f"{where}: {who} {r.decision} draft CUDA graphs "
+            f"{where}: {who} {r.decision} draft CUDA graphs{folded} "
             f"({how}; min free {min(self.config.free()):.2f} GiB, cutoff "
             f"{_cutoff():.1f} GiB){verdict}"
         )
@@ -446,17 +466,22 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
                 detail = f"no peer reached the capture barrier within {cfg.hang_s:g} s"
             else:
                 detail = f"{type(exc).__name__}: {exc}"[-500:]
-    reading = recorded.readings[-1] if recorded.readings else None
+    # The capture decision's reading comes first (the folded-sampling
+    # decision, where it reads its own, comes after).
+    reading = recorded.readings[0] if recorded.readings else None
     return {
         "decision": decision,
         "detail": detail,
         "read_gib": None if reading is None else reading.value,
         "reduced": bool(
-            reading is not None
-            and reading.distributed
-            and reading.cpu_group is capture.cpu_group
+            recorded.readings
             and capture.world_size > 1
+            and all(
+                r.distributed and r.cpu_group is capture.cpu_group
+                for r in recorded.readings
+            )
         ),
+        "folded": worker.folded,
         "status": status.as_dict(),
     }
 
@@ -542,6 +567,7 @@ def run_startup(cfg: StartupConfig) -> StartupResult:
                 decision=report["decision"],
                 detail=report.get("detail", ""),
                 repair=report.get("status", {}).get("outcome", ""),
+                folded=report.get("folded"),
             )
         )
     status = next(

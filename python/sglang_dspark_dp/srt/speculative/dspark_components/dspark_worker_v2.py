@@ -94,8 +94,10 @@ class ProbeResult:
 
     @property
     def reduced(self) -> bool:
-        """Some reading was requested distributed over the capture group."""
-        return any(
+        """Every reading (the capture decision's, and the folded-sampling
+        decision's where it reads its own) was requested distributed over
+        the capture group."""
+        return bool(self.readings) and all(
             r.distributed and r.cpu_group is self.capture_cpu_group
             for r in self.readings
         )
@@ -111,14 +113,22 @@ class ProbeResult:
     def describe(self) -> str:
         if not self.readings:
             return "no free-memory reading"
-        r = self.readings[-1]
-        how = "reduced over the capture group" if self.reduced else "rank-local"
-        via = (
-            "SpecTpSync.available_memory_gb"
-            if self.via_tp_sync
-            else f"{r.where}.{adapter.MEMORY_HELPER}"
-        )
-        return f"{how} (via {via}, distributed={r.distributed})"
+        parts = []
+        for r in self.readings:
+            how = (
+                "reduced over the capture group"
+                if r.distributed and r.cpu_group is self.capture_cpu_group
+                else "rank-local"
+            )
+            via = (
+                "SpecTpSync.available_memory_gb"
+                if self.via_tp_sync and r.where != adapter.WORKER_MODULE
+                else f"{r.where.rpartition('.')[2]}.{adapter.MEMORY_HELPER}"
+            )
+            text = f"{how} (via {via}, distributed={r.distributed})"
+            if text not in parts:
+                parts.append(text)
+        return "; ".join(parts)
 
 
 def probe(module: Any, cls: type, around: Any = None) -> ProbeResult:
