@@ -2,8 +2,11 @@
 
 Runs ``bench_fill.py compare`` (one child per mode, both on
 ``sys.executable``) with ``--device cpu --iters 50`` and checks the combined
-JSON: every figure is there, the GPU-only ones are n/a, and the plugin's
-fill leaves the DP/EP fields right.
+JSON: every figure is there for both call patterns (steady: the same counts
+every call; churn: counts that change every call), the GPU-only ones are
+n/a, the targets are the four of issue 19 (n/a where they need a GPU or a
+stock 0.5.17 row), and the plugin's fill leaves the DP/EP fields right. No
+timing is asserted.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import pytest
 
 if importlib.util.find_spec("sglang") is None:
     pytest.skip("SGLang is not installed", allow_module_level=True)
+
+from sglang_dspark_dp_bench.draft_metadata import bench_fill
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "benchmark" / "draft_metadata" / "bench_fill.py"
@@ -63,7 +68,84 @@ def test_combined_json_has_every_figure(combined):
         assert r["busy"] is None and r["device_allocs_per_step"] is None
         assert set(r["fill_fields"]) == {"unscaled", "non_padded", "non_padded_cpu"}
         assert r["dp_fields"]
-    assert len(combined["targets"]) == 3
+    assert len(combined["targets"]) == 4
+
+
+def test_steady_and_churn_rows(combined):
+    for r in combined["runs"]:
+        assert set(r["patterns"]) == {"steady", "churn"}
+        for figures in r["patterns"].values():
+            assert figures["host_us"]["iters"] == 50
+            assert 0 < figures["host_us"]["median"] <= figures["host_us"]["p90"]
+            assert figures["busy"] is None
+            assert figures["device_allocs_per_step"] is None
+        # The top-level figures are the steady pattern's (as before the split).
+        assert r["host_us"] == r["patterns"]["steady"]["host_us"]
+        params = r["params"]
+        assert params["churn_counts"] != params["counts"]
+        assert params["churn_counts"][0] != params["counts"][0]
+
+
+def test_table_has_a_row_per_pattern(combined):
+    table = bench_fill.render_table(combined["runs"])
+    lines = table.splitlines()
+    assert " counts " in lines[0]
+    assert len(lines) == 2 + 2 * len(combined["runs"])
+    assert sum(" steady " in line for line in lines) == len(combined["runs"])
+    assert sum(" churn " in line for line in lines) == len(combined["runs"])
+
+
+def test_targets_name_both_ratios(combined):
+    by_pattern = {t.get("pattern"): t for t in combined["targets"]}
+    assert by_pattern["steady"]["limit"] == 0.15
+    assert by_pattern["churn"]["limit"] == 0.7
+    line = bench_fill.render_targets(combined["targets"])
+    assert "steady median <= 0.15x" in line and "churn median <= 0.7x" in line
+    # On CPU the host-blocked and allocation targets cannot be judged.
+    assert [t["verdict"] for t in combined["targets"][:2]] == ["n/a", "n/a"]
+
+
+def test_ratio_targets_on_synthetic_runs():
+    """The ratio targets compare each plugin row with stock 0.5.17's row of
+    the same pattern (no timing: made-up figures)."""
+
+    def run(fill, mode, version, steady, churn):
+        def fig(us):
+            return {
+                "host_us": {"median": us, "p90": us},
+                "busy": {"host_ms": 0.2},
+                "device_allocs_per_step": 0.0,
+            }
+
+        patterns = {"steady": fig(steady), "churn": fig(churn)}
+        return {
+            "fill": fill,
+            "mode": mode,
+            "sglang": version,
+            "patterns": patterns,
+            "host_us": patterns["steady"]["host_us"],
+        }
+
+    runs = [
+        run("stock", "stock", "0.5.17", 40.0, 40.0),
+        run("plugin", "plugin", "0.5.17", 4.0, 20.0),
+        run("plugin", "plugin", "0.5.16", 8.0, 30.0),
+    ]
+    targets = {
+        t.get("pattern", t["target"]): t for t in bench_fill.evaluate_targets(runs)
+    }
+    assert targets["steady"]["ratios"] == [0.1, 0.2]
+    assert targets["steady"]["verdict"] == "NOT met"
+    assert targets["churn"]["ratios"] == [0.5, 0.75]
+    assert targets["churn"]["verdict"] == "NOT met"
+    runs[2] = run("plugin", "plugin", "0.5.16", 5.0, 25.0)
+    targets = {
+        t.get("pattern", t["target"]): t for t in bench_fill.evaluate_targets(runs)
+    }
+    assert targets["steady"]["verdict"] == "met"
+    assert targets["churn"]["verdict"] == "met"
+    assert bench_fill.evaluate_targets(runs)[0]["verdict"] == "met"
+    assert bench_fill.evaluate_targets(runs)[1]["verdict"] == "met"
 
 
 def test_plugin_mode_fields_are_right(combined):
