@@ -224,6 +224,15 @@ def cmd_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Fail (exit 1) when the recorded suite had failures."""
+    suite = _suite(args.junit)
+    if suite and suite["failed"]:
+        print(f"compat: the suite failed ({suite['failed']} failures)", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -235,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--rows", default="compat")
     t.add_argument("--out", default="COMPATIBILITY.md")
     t.set_defaults(func=cmd_table)
+    c = sub.add_parser("check", help="exit 1 if the recorded suite failed")
+    c.add_argument("junit")
+    c.set_defaults(func=cmd_check)
     args = p.parse_args(argv)
     return args.func(args)
 

@@ -7,6 +7,8 @@ keeps the two in step.
 
 from __future__ import annotations
 
+import functools
+
 __version__ = "0.1.0"
 
 #: Requirement string of the library this plugin patches.
@@ -33,8 +35,10 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+@functools.lru_cache(maxsize=1)
 def installed_sglang_version() -> str | None:
-    """The installed SGLang distribution's version, or None if absent."""
+    """The installed SGLang distribution's version, or None if absent (read
+    once per process: every status line asks for it)."""
     from importlib import metadata
 
     try:
