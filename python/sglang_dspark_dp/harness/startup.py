@@ -417,6 +417,7 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
                 raise RuntimeError(f"probe fault injected on rank {rank}")
 
             startup_repair.probe = failing_probe  # this rank's process only
+            repair.uninstrument()  # a fresh probe, whatever the parent held
         status = repair.instrument(apply=True)
     else:
         repair.uninstrument()
