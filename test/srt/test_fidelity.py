@@ -273,3 +273,49 @@ def test_real_batches_are_stock_identical(
         expected = run(stock_fill)
         ours = run(lambda p, f, b: replace(stock_fill, p, f, b))
     assert ours == expected | missing_from(plugin, expected, ours)
+
+
+# --------------------------------------------------------------------------
+# The steady-state path never serves another proposer's or device's values.
+# --------------------------------------------------------------------------
+
+
+def test_each_proposer_and_device_has_its_own_buffers(api, plugin):
+    """Two proposers alternating, each with its own repeating counts, get
+    their own values at every step; a proposer whose draft runner moves to
+    another device gets new buffers there."""
+    replace = forced_replacement(plugin, api)
+    fill = adapter.stock_fill(api)
+    names = plugin.probe_result.names
+    a, b = bare_proposer(api), bare_proposer(api)
+    a_counts, b_counts = [1, 3, 0, 2], [2, 2, 2, 2]
+
+    def step(proposer, counts):
+        draft = SimpleNamespace(input_ids=torch.zeros(counts[0] * WIDTH))
+        batch = SimpleNamespace(
+            global_num_tokens=list(counts),
+            global_num_tokens_for_logprob=list(counts),
+            can_run_dp_cuda_graph=True,
+            can_run_decode_cuda_graph=True,
+        )
+        with mock.patch.object(
+            api.draft_module,
+            "enable_num_token_non_padded",
+            return_value=True,
+            create=True,
+        ):
+            replace(fill, proposer, draft, batch)
+        return (
+            int(getattr(draft, names.non_padded)),
+            draft.global_num_tokens_gpu.tolist(),
+        )
+
+    for _ in range(3):
+        assert step(a, a_counts) == (WIDTH, [c * WIDTH for c in a_counts])
+        assert step(b, b_counts) == (2 * WIDTH, [c * WIDTH for c in b_counts])
+    first = dspark_draft.proposer_buffers(a)
+    assert dspark_draft.proposer_buffers(a) is first
+    assert dspark_draft.proposer_buffers(b) is not first
+    a.draft_model_runner.device = "meta"
+    moved = dspark_draft.proposer_buffers(a)
+    assert moved is not first and moved.device.type == "meta"
