@@ -120,7 +120,6 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -130,7 +129,14 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+try:  # installed: sglang-dspark-dp-bench
+    from sglang_dspark_dp_bench.draft_metadata.bench_fill import (
+        _child_env,
+        _parse_pairs,
+        _sglang_version,
+    )
+except ImportError:  # run as a script beside bench_fill.py (the GPU machine)
+    from bench_fill import _child_env, _parse_pairs, _sglang_version
 
 #: Host parts of one decode step, in the order the loop runs them.
 HOST_PARTS = (
@@ -555,15 +561,6 @@ def run_cell(
 # --------------------------------------------------------------------------
 
 
-def _sglang_version() -> str:
-    from importlib.metadata import version
-
-    try:
-        return version("sglang")
-    except Exception:
-        return "unknown"
-
-
 def build_fills(
     *, device: str, dp: int, bs: int, gamma: int | None, counts_mode: str
 ) -> tuple[dict[str, Any], Callable[[int], None], dict[str, Any], Any]:
@@ -738,27 +735,6 @@ def run_release(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------
 # compare: one child per release, one table each.
 # --------------------------------------------------------------------------
-
-
-def _child_env(site: str | None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("SGLANG_PLUGINS", None)
-    parts = [site] if site else []
-    parts.append(str(REPO_ROOT / "python"))
-    if env.get("PYTHONPATH"):
-        parts.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    return env
-
-
-def _parse_pairs(values: list[str], flag: str) -> list[tuple[str, str]]:
-    out = []
-    for v in values or []:
-        label, sep, path = v.partition("=")
-        if not sep or not label or not path:
-            raise SystemExit(f"{flag} expects LABEL=PATH, got {v!r}")
-        out.append((label, path))
-    return out
 
 
 def _worker_argv(args: argparse.Namespace, out: Path) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import subprocess
@@ -67,6 +68,31 @@ def cli(argv, **env):
 
 #: ``verify`` arguments of the short runs every release gets.
 SHORT_VERIFY = ["verify", "--steps", "60", "--dp", "2", "--no-progress"]
+
+
+def no_children_left() -> bool:
+    """Whether every rank process a harness started has ended (10 s grace)."""
+    import multiprocessing as mp
+    import time
+
+    deadline = time.monotonic() + 10
+    while mp.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not mp.active_children()
+
+
+@contextlib.contextmanager
+def restored(repair):
+    """Leave ``repair`` instrumented or not, as the test found it."""
+    was = repair.instrumented
+    try:
+        yield repair
+    finally:
+        if was:
+            repair.instrument(apply=True)
+        else:
+            repair.uninstrument()
+
 
 #: One line per soak run, printed at the end of the pytest session.
 SOAK_SUMMARIES: list[str] = []

@@ -11,10 +11,10 @@ other tests drive the probe and the hook in this process.
 from __future__ import annotations
 
 import multiprocessing as mp
-import time
 
 import pytest
 from known_releases import known
+from srt_helpers import no_children_left, restored
 
 from sglang_dspark_dp import adapter
 from sglang_dspark_dp.adapter import planner as sg_planner
@@ -38,19 +38,8 @@ def planner_cls():
 @pytest.fixture
 def restore_repair():
     """Leave the repair as the test found it."""
-    was = REPAIR.instrumented
-    yield REPAIR
-    if was:
-        REPAIR.instrument(apply=True)
-    else:
-        REPAIR.uninstrument()
-
-
-def no_children_left() -> bool:
-    deadline = time.monotonic() + 10
-    while mp.active_children() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not mp.active_children()
+    with restored(REPAIR) as repair:
+        yield repair
 
 
 def run(**kwargs) -> cv.CompactResult:

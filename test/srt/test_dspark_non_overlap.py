@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 from known_releases import backport_fixes, known
+from srt_helpers import restored
 
 from sglang_dspark_dp import adapter
 from sglang_dspark_dp.adapter.scheduler import load_scheduler
@@ -25,12 +26,8 @@ REPAIR = entry.REPAIR
 @pytest.fixture
 def restore():
     """Leave the repair as the test found it."""
-    was = REPAIR.instrumented
-    yield
-    if was:
-        REPAIR.instrument(apply=True)
-    else:
-        REPAIR.uninstrument()
+    with restored(REPAIR) as repair:
+        yield repair
 
 
 def steps(api):

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import time
 
 import pytest
 from known_releases import known
+from srt_helpers import no_children_left, restored
 
 from sglang_dspark_dp import adapter
 from sglang_dspark_dp.drivers import worker as standins
@@ -53,25 +53,14 @@ def worker():
 @pytest.fixture
 def restore_repair():
     """Leave the repair as the test found it."""
-    was = REPAIR.instrumented
-    yield REPAIR
-    if was:
-        REPAIR.instrument(apply=True)
-    else:
-        REPAIR.uninstrument()
+    with restored(REPAIR) as repair:
+        yield repair
 
 
 def stock_wrong(version: str, kind: str) -> bool:
     if known(version) is None:
         pytest.skip(f"stock behaviour of sglang {version} is not recorded")
     return known(version)[f"startup_{kind}"]
-
-
-def no_children_left() -> bool:
-    deadline = time.monotonic() + 10
-    while mp.active_children() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not mp.active_children()
 
 
 def run(**kwargs) -> startup.StartupResult:

@@ -3,25 +3,16 @@ the real DSpark draft builder and the real ``can_run_graph`` in each."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import socket
 import time
 
 import pytest
 from known_releases import known
-from srt_helpers import SOAK_SUMMARIES
+from srt_helpers import SOAK_SUMMARIES, no_children_left
 
 from sglang_dspark_dp.expectations import KNOWN_CRASH
 from sglang_dspark_dp.harness import churn, lockstep
 from sglang_dspark_dp.srt.speculative.dspark_components import dspark_draft
-
-
-def no_children_left():
-    deadline = time.monotonic() + 10
-    while mp.active_children() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not mp.active_children()
-
 
 #: Steps per EP tier: enough for every churn phase at each size (the main
 #: job, ``verify``, runs 2000); eight ranks on two cores cost the most.

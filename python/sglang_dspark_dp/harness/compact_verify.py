@@ -44,16 +44,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import math
-import multiprocessing as mp
 import os
-import queue
 import tempfile
 import time
 import traceback
 from typing import Any
 
 from sglang_dspark_dp.harness.lockstep import CannotRun, free_port
+from sglang_dspark_dp.harness.ranks import run_ranks
 
 MAX_WORLD = 8
 DRIFT = "drift"
@@ -458,27 +458,20 @@ def _near_tie(cfg: CompactConfig, oracle: Any, module: Any, shape: Any) -> Any:
     return shape * ((lo + hi) / 2)
 
 
-def _rank_main(
-    rank: int, cfg: CompactConfig, port: int, sps_path: str, results, release
-):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def _rank_body(rank: int, cfg: CompactConfig, port: int, sps_path: str):
     os.environ["SGLANG_RAGGED_VERIFY_MODE"] = cfg.mode
     records: list[dict[str, Any]] = []
     status: dict[str, Any] = {}
     error = ""
     try:
         _rank_run(rank, cfg, port, sps_path, records, status)
-    except Exception as exc:
+    except Exception as exc:  # keep the steps recorded before it
         error = "".join(traceback.format_exception(exc))[-2000:]
-    results.put((rank, {"records": records, "status": status, "error": error}))
-    release.wait(cfg.timeout_s)
-    try:
-        import torch.distributed as dist
+    return {"records": records, "status": status, "error": error}
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:
-        pass
+
+def _rank_failed(rank: int, why: str) -> dict[str, Any]:
+    return {"records": [], "status": {}, "error": why}
 
 
 def _rank_run(
@@ -683,52 +676,15 @@ def run_compact_verify(cfg: CompactConfig) -> CompactResult:
         raise CannotRun(str(exc)) from exc
     port = free_port(cfg.port)
     sps_path = _write_sps_table(cfg)
-    ctx = mp.get_context(os.environ.get("SGLANG_DSPARK_DP_START_METHOD", "fork"))
-    results = ctx.Queue()
-    release = ctx.Event()
-    procs = [
-        ctx.Process(
-            target=_rank_main,
-            args=(r, cfg, port, sps_path, results, release),
-            daemon=True,
-        )
-        for r in range(cfg.tp)
-    ]
     start = time.monotonic()
-    deadline = start + cfg.timeout_s
-    reports: dict[int, dict[str, Any]] = {}
     try:
-        for p in procs:
-            p.start()
-        while len(reports) < cfg.tp and time.monotonic() < deadline:
-            try:
-                rank, report = results.get(timeout=0.2)
-                reports[rank] = report
-                continue
-            except queue.Empty:
-                pass
-            for r, p in enumerate(procs):
-                if r not in reports and p.exitcode is not None:
-                    try:
-                        rank, report = results.get(timeout=1.0)
-                        reports[rank] = report
-                    except queue.Empty:
-                        reports[r] = {
-                            "records": [],
-                            "status": {},
-                            "error": f"the rank's process died (exit code "
-                            f"{p.exitcode})",
-                        }
+        reports = run_ranks(
+            cfg.tp,
+            functools.partial(_rank_body, cfg=cfg, port=port, sps_path=sps_path),
+            _rank_failed,
+            timeout_s=cfg.timeout_s,
+        )
     finally:
-        release.set()
-        for p in procs:
-            p.join(timeout=5)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=5)
-        results.close()
         try:
             os.unlink(sps_path)
         except OSError:

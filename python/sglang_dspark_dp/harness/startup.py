@@ -29,16 +29,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import logging
 import math
-import multiprocessing as mp
 import os
-import queue
 import time
-import traceback
 from typing import Any
 
 from sglang_dspark_dp.harness.lockstep import CannotRun, free_port
+from sglang_dspark_dp.harness.ranks import run_ranks
 
 MAX_WORLD = 16
 #: Free memory of the ranks that are not short of it (GiB).
@@ -370,28 +369,14 @@ def _groups(dist: Any, rank: int, cfg: StartupConfig) -> tuple[_Group, _Group]:
     return capture, mine
 
 
-def _rank_main(rank: int, cfg: StartupConfig, port: int, results, release) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def _rank_body(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
     if cfg.spec_tp_sync is not None:
         os.environ[SPEC_TP_SYNC_ENV] = cfg.spec_tp_sync
-    try:
-        report = _rank_run(rank, cfg, port)
-    except Exception as exc:
-        report = {
-            "decision": ERROR,
-            "detail": "".join(traceback.format_exception(exc))[-2000:],
-        }
-    results.put((rank, report))
-    # Stay alive (as a rank that moved on with startup) until the parent has
-    # every report, so no peer sees a closed connection instead of a hang.
-    release.wait(cfg.timeout_s)
-    try:
-        import torch.distributed as dist
+    return _rank_run(rank, cfg, port)
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:
-        pass
+
+def _rank_failed(rank: int, why: str) -> dict[str, Any]:
+    return {"decision": ERROR, "detail": why}
 
 
 def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
@@ -505,50 +490,13 @@ def run_startup(cfg: StartupConfig) -> StartupResult:
     except DidNotEnable as exc:
         raise CannotRun(str(exc)) from exc
     port = free_port(cfg.port)
-    ctx = mp.get_context(os.environ.get("SGLANG_DSPARK_DP_START_METHOD", "fork"))
-    results = ctx.Queue()
-    release = ctx.Event()
-    procs = [
-        ctx.Process(
-            target=_rank_main, args=(r, cfg, port, results, release), daemon=True
-        )
-        for r in range(cfg.tp)
-    ]
     start = time.monotonic()
-    deadline = start + cfg.timeout_s
-    reports: dict[int, dict[str, Any]] = {}
-    try:
-        for p in procs:
-            p.start()
-        while len(reports) < cfg.tp and time.monotonic() < deadline:
-            try:
-                rank, report = results.get(timeout=0.2)
-                reports[rank] = report
-                continue
-            except queue.Empty:
-                pass
-            for r, p in enumerate(procs):
-                if r not in reports and p.exitcode is not None:
-                    # Its report may still be in flight; give it a moment.
-                    try:
-                        rank, report = results.get(timeout=1.0)
-                        reports[rank] = report
-                    except queue.Empty:
-                        reports[r] = {
-                            "decision": ERROR,
-                            "detail": f"the rank's process died (exit code "
-                            f"{p.exitcode})",
-                        }
-    finally:
-        release.set()
-        for p in procs:
-            p.join(timeout=5)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=5)
-        results.close()
+    reports = run_ranks(
+        cfg.tp,
+        functools.partial(_rank_body, cfg=cfg, port=port),
+        _rank_failed,
+        timeout_s=cfg.timeout_s,
+    )
     free = cfg.free()
     ranks = []
     for r in range(cfg.tp):

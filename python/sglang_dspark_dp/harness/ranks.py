@@ -1,0 +1,99 @@
+"""One process per simulated rank, each reporting once: the startup and the
+compact-verify harnesses run their ranks through here.
+
+:func:`run_ranks` starts ``world`` processes (``fork`` by default, so the
+ranks start with SGLang imported; ``SGLANG_DSPARK_DP_START_METHOD`` picks
+another), each calling ``body(rank)`` and sending back the report it
+returns (or, if it raises, ``failed(rank, traceback)``). A rank that has
+reported stays alive (as a rank that moved on would) until the parent has
+every report or the deadline passes, so no peer sees a closed connection
+instead of a hang; then every process is joined, and killed if it does not
+end. A rank that dies without reporting gets ``failed(rank, why)``; one
+that never reports by the deadline is left out of the answer (the caller
+names it as hung).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+START_METHOD_ENV = "SGLANG_DSPARK_DP_START_METHOD"
+
+Report = dict[str, Any]
+
+
+def _rank_main(rank: int, body, failed, results, release, timeout_s: float) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        report = body(rank)
+    except Exception as exc:
+        report = failed(rank, "".join(traceback.format_exception(exc))[-2000:])
+    results.put((rank, report))
+    release.wait(timeout_s)
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def run_ranks(
+    world: int,
+    body: Callable[[int], Report],
+    failed: Callable[[int, str], Report],
+    *,
+    timeout_s: float,
+) -> dict[int, Report]:
+    """Every rank's report, by rank (a rank missing: no report in time)."""
+    ctx = mp.get_context(os.environ.get(START_METHOD_ENV, "fork"))
+    results = ctx.Queue()
+    release = ctx.Event()
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(r, body, failed, results, release, timeout_s),
+            daemon=True,
+        )
+        for r in range(world)
+    ]
+    deadline = time.monotonic() + timeout_s
+    reports: dict[int, Report] = {}
+    try:
+        for p in procs:
+            p.start()
+        while len(reports) < world and time.monotonic() < deadline:
+            try:
+                rank, report = results.get(timeout=0.2)
+                reports[rank] = report
+                continue
+            except queue.Empty:
+                pass
+            for r, p in enumerate(procs):
+                if r not in reports and p.exitcode is not None:
+                    # Its report may still be in flight; give it a moment.
+                    try:
+                        rank, report = results.get(timeout=1.0)
+                        reports[rank] = report
+                    except queue.Empty:
+                        reports[r] = failed(
+                            r, f"the rank's process died (exit code {p.exitcode})"
+                        )
+    finally:
+        release.set()
+        for p in procs:
+            p.join(timeout=5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        results.close()
+    return reports
