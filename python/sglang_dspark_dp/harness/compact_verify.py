@@ -45,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import math
 import os
 import tempfile
 import time
@@ -53,7 +52,7 @@ import traceback
 from typing import Any
 
 from sglang_dspark_dp.harness.lockstep import CannotRun, free_port
-from sglang_dspark_dp.harness.ranks import run_ranks
+from sglang_dspark_dp.harness.ranks import is_int, is_number, run_ranks
 
 MAX_WORLD = 8
 DRIFT = "drift"
@@ -67,18 +66,6 @@ NONE_IN = "none"  # no rank did (no budget anywhere: uniform layout)
 LEFT_OUT = "left-out"  # some ranks entered it, others never came
 
 _BCAST, _END = 1, 2
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +132,7 @@ class CompactConfig:
             raise CannotRun(
                 f"mode must be one of {', '.join(MODES)}, got {self.mode!r}"
             )
-        if not _is_int(self.tp) or not 2 <= self.tp <= MAX_WORLD:
+        if not is_int(self.tp) or not 2 <= self.tp <= MAX_WORLD:
             raise CannotRun(
                 f"tp must be an integer between 2 and {MAX_WORLD}, got {self.tp!r}"
             )
@@ -156,29 +143,29 @@ class CompactConfig:
             ("late_every", 1, 10_000),
         ):
             value = getattr(self, field)
-            if not _is_int(value) or not low <= value <= high:
+            if not is_int(value) or not low <= value <= high:
                 raise CannotRun(
                     f"{field} must be an integer between {low} and {high}, got "
                     f"{value!r}"
                 )
-        if not _is_int(self.seed) or self.seed < 0:
+        if not is_int(self.seed) or self.seed < 0:
             raise CannotRun(f"seed must be an integer >= 0, got {self.seed!r}")
-        if not _is_number(self.noise) or not 0 <= self.noise < 0.5:
+        if not is_number(self.noise) or not 0 <= self.noise < 0.5:
             raise CannotRun(f"noise must be a number in [0, 0.5), got {self.noise!r}")
-        if not _is_int(self.late_rank) or not 0 <= self.late_rank < self.tp:
+        if not is_int(self.late_rank) or not 0 <= self.late_rank < self.tp:
             raise CannotRun(
                 f"late_rank must name a rank 0-{self.tp - 1}, got {self.late_rank!r}"
             )
         for field in ("timeout_s", "hang_s"):
             value = getattr(self, field)
-            if not _is_number(value) or value <= 0:
+            if not is_number(value) or value <= 0:
                 raise CannotRun(f"{field} must be a positive number, got {value!r}")
         if self.hang_s >= self.timeout_s:
             raise CannotRun(
                 f"hang_s must be less than timeout_s ({self.timeout_s}), got "
                 f"{self.hang_s!r}"
             )
-        if not _is_int(self.port) or not 0 <= self.port <= 65535:
+        if not is_int(self.port) or not 0 <= self.port <= 65535:
             raise CannotRun(f"port must be an integer 0-65535, got {self.port!r}")
         try:
             fails = tuple(self.probe_fails)
@@ -186,7 +173,7 @@ class CompactConfig:
             raise CannotRun(
                 f"probe_fails must be a tuple of ranks, got {self.probe_fails!r}"
             ) from None
-        if any(not _is_int(r) or not 0 <= r < self.tp for r in fails):
+        if any(not is_int(r) or not 0 <= r < self.tp for r in fails):
             raise CannotRun(
                 f"probe_fails must name ranks 0-{self.tp - 1}, got {self.probe_fails!r}"
             )

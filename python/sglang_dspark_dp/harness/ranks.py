@@ -15,6 +15,7 @@ names it as hung).
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -26,6 +27,20 @@ from typing import Any
 START_METHOD_ENV = "SGLANG_DSPARK_DP_START_METHOD"
 
 Report = dict[str, Any]
+
+
+def is_int(value: Any) -> bool:
+    """An int that is not a bool (a config field check)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float that is not a bool (a config field check)."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
 
 
 def _rank_main(rank: int, body, failed, results, release, timeout_s: float) -> None:

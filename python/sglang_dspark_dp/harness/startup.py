@@ -31,13 +31,12 @@ import dataclasses
 import datetime
 import functools
 import logging
-import math
 import os
 import time
 from typing import Any
 
 from sglang_dspark_dp.harness.lockstep import CannotRun, free_port
-from sglang_dspark_dp.harness.ranks import run_ranks
+from sglang_dspark_dp.harness.ranks import is_int, is_number, run_ranks
 
 MAX_WORLD = 16
 #: Free memory of the ranks that are not short of it (GiB).
@@ -55,18 +54,6 @@ SPEC_TP_SYNC_ENV = "SGLANG_SPEC_TP_SYNC"
 #: ``(tp, dp)`` of the topologies ``verify`` runs: plain TP 2/4/8 and DP
 #: attention with attention TP 1 (the configuration of SGLang issue #39886).
 STANDARD_TOPOLOGIES: tuple[tuple[int, int], ...] = ((2, 1), (4, 1), (8, 1), (4, 4))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,11 +103,11 @@ class StartupConfig:
         return f"TP {self.tp}"
 
     def validate(self) -> None:
-        if not _is_int(self.tp) or not 1 <= self.tp <= MAX_WORLD:
+        if not is_int(self.tp) or not 1 <= self.tp <= MAX_WORLD:
             raise CannotRun(
                 f"tp must be an integer between 1 and {MAX_WORLD}, got {self.tp!r}"
             )
-        if not _is_int(self.dp) or not 1 <= self.dp <= self.tp:
+        if not is_int(self.dp) or not 1 <= self.dp <= self.tp:
             raise CannotRun(
                 f"dp must be an integer between 1 and tp ({self.tp}), got {self.dp!r}"
             )
@@ -139,23 +126,23 @@ class StartupConfig:
                     f"{len(values)}: {self.free_gib!r}"
                 )
             for i, value in enumerate(values):
-                if not _is_number(value) or value < 0:
+                if not is_number(value) or value < 0:
                     raise CannotRun(
                         f"free_gib[{i}] must be a finite number of GiB >= 0, got "
                         f"{value!r}"
                     )
         for field in ("timeout_s", "hang_s"):
             value = getattr(self, field)
-            if not _is_number(value) or value <= 0:
+            if not is_number(value) or value <= 0:
                 raise CannotRun(f"{field} must be a positive number, got {value!r}")
         if self.hang_s >= self.timeout_s:
             raise CannotRun(
                 f"hang_s must be less than timeout_s ({self.timeout_s}), got "
                 f"{self.hang_s!r}"
             )
-        if not _is_int(self.port) or not 0 <= self.port <= 65535:
+        if not is_int(self.port) or not 0 <= self.port <= 65535:
             raise CannotRun(f"port must be an integer 0-65535, got {self.port!r}")
-        bad = [r for r in self.probe_fails if not _is_int(r) or not 0 <= r < self.tp]
+        bad = [r for r in self.probe_fails if not is_int(r) or not 0 <= r < self.tp]
         if bad:
             raise CannotRun(
                 f"probe_fails must name ranks 0-{self.tp - 1}, got {self.probe_fails!r}"
