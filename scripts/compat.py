@@ -41,6 +41,9 @@ def _verify(no_fix: bool) -> dict:
     return {
         "exit": proc.returncode,
         "startup": [x[len("startup: ") :] for x in lines if x.startswith("startup: ")],
+        "phases": [
+            x for x in lines if x.startswith(("non-overlap: ", "compact-verify: "))
+        ],
         "verdict": [x for x in lines if x.startswith("verify: ")],
     }
 
@@ -144,6 +147,20 @@ def _decode_cell(result: dict) -> str:
     return "lockstep" if result["exit"] == 0 else "-"
 
 
+def _entry_cell(result: dict) -> str:
+    text = " ".join(result.get("phases", []) + result["verdict"])
+    if "every step crashes" in text or "to the DSpark worker raises" in text:
+        return "every step raises `TypeError`"
+    return "reaches the worker"
+
+
+def _tier_cell(result: dict) -> str:
+    text = " ".join(result.get("phases", []) + result["verdict"])
+    if "diverge" in text and "compact-verify" in text:
+        return "tiers diverge; a late rank left out"
+    return "agree"
+
+
 def _repairs_cell(row: dict) -> str:
     return "; ".join(f"{r['repair']}: {r['outcome']}" for r in row["repairs"])
 
@@ -173,17 +190,16 @@ def render(rows: list[dict]) -> str:
         "written by hand.",
         "",
         "| SGLang | stock draft batch (probe) | repairs | `verify --no-fix`: "
-        "startup | `verify --no-fix`: decode | `verify` (plugin) | suite | "
+        "startup | `verify --no-fix`: non-overlap | `verify --no-fix`: compact "
+        "verify | `verify --no-fix`: decode | `verify` (plugin) | suite | "
         "measured |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     body = []
     for row in sorted(rows, key=lambda r: _version_key(r["sglang"])):
         stock, fixed = row["verify_stock"], row["verify_plugin"]
         plugin = f"exit {fixed['exit']}: " + (
-            "startup agrees, decode in lockstep"
-            if fixed["exit"] == 0
-            else "; ".join(fixed["verdict"])
+            "every phase agrees" if fixed["exit"] == 0 else "; ".join(fixed["verdict"])
         )
         body.append(
             "| "
@@ -193,6 +209,8 @@ def render(rows: list[dict]) -> str:
                     _draft_cell(row),
                     _repairs_cell(row),
                     _startup_cell(stock),
+                    _entry_cell(stock),
+                    _tier_cell(stock),
                     _decode_cell(stock),
                     plugin,
                     _suite_cell(row),
@@ -206,9 +224,13 @@ def render(rows: list[dict]) -> str:
         "Reading a row: `startup` is the draft CUDA-graph capture decision "
         "under plain TP and under DP attention (attention TP 1); `hang` means "
         "the ranks that captured waited at the capture barrier for a rank "
-        "that skipped. `decode` is the DP-attention lockstep of the draft "
-        "batch's control-plane decisions. Each row's JSON (every line "
-        "`verify` printed, each repair's reason) is in `compat/`.",
+        "that skipped. `non-overlap` is one prefill and one decode step "
+        "through the installed scheduler with `--disable-overlap-schedule`. "
+        "`compact verify` is the verify graph tier of 2 plain-TP ranks with "
+        "drifting or late confidences. `decode` is the DP-attention lockstep "
+        "of the draft batch's control-plane decisions. `verify` with the "
+        "plugin runs the same phases. Each row's JSON (every line `verify` "
+        "printed, each repair's reason) is in `compat/`.",
         "",
     ]
     return "\n".join(head + body + notes)
