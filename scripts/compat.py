@@ -62,6 +62,30 @@ def _suite(junit: str | None) -> dict | None:
     return {"passed": ran - bad, "failed": bad, "skipped": total("skipped")}
 
 
+def _commit() -> str:
+    """The plugin's commit this row measured ("unknown" outside a checkout;
+    "+" marks uncommitted changes)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
+
+
 def cmd_row(args: argparse.Namespace) -> int:
     doctor = _cli("doctor", "--json")
     try:
@@ -73,6 +97,7 @@ def cmd_row(args: argparse.Namespace) -> int:
     row = {
         "sglang": version,
         "date": datetime.date.today().isoformat(),
+        "commit": _commit(),
         "python": sys.version.split()[0],
         "doctor_exit": doctor.returncode,
         "missing_fields": report.get("missing_fields"),
@@ -192,7 +217,7 @@ def render(rows: list[dict]) -> str:
         "| SGLang | stock draft batch (probe) | repairs | `verify --no-fix`: "
         "startup | `verify --no-fix`: non-overlap | `verify --no-fix`: compact "
         "verify | `verify --no-fix`: decode | `verify` (plugin) | suite | "
-        "measured |",
+        "measured (commit) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     body = []
@@ -214,7 +239,7 @@ def render(rows: list[dict]) -> str:
                     _decode_cell(stock),
                     plugin,
                     _suite_cell(row),
-                    row["date"],
+                    f"{row['date']} (`{row.get('commit', 'unknown')}`)",
                 ]
             )
             + " |"
