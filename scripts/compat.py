@@ -214,11 +214,12 @@ def render(rows: list[dict]) -> str:
         "with the plugin, and the release's test suite. Nothing here is "
         "written by hand.",
         "",
-        "| SGLang | stock draft batch (probe) | repairs | `verify --no-fix`: "
+        "| SGLang | stock draft batch (probe) | repairs (`doctor`) | `verify "
+        "--no-fix`: exit | `verify --no-fix`: "
         "startup | `verify --no-fix`: non-overlap | `verify --no-fix`: compact "
         "verify | `verify --no-fix`: decode | `verify` (plugin) | suite | "
         "measured (commit) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     body = []
     for row in sorted(rows, key=lambda r: _version_key(r["sglang"])):
@@ -232,7 +233,8 @@ def render(rows: list[dict]) -> str:
                 [
                     row["sglang"],
                     _draft_cell(row),
-                    _repairs_cell(row),
+                    f"{_repairs_cell(row)} (exit {row['doctor_exit']})",
+                    str(stock["exit"]),
                     _startup_cell(stock),
                     _entry_cell(stock),
                     _tier_cell(stock),
