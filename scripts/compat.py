@@ -62,25 +62,23 @@ def _suite(junit: str | None) -> dict | None:
     return {"passed": ran - bad, "failed": bad, "skipped": total("skipped")}
 
 
+def _git(*argv: str) -> str:
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run(
+        ["git", "-C", str(root), *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.strip()
+
+
 def _commit() -> str:
     """The plugin's commit this row measured ("unknown" outside a checkout;
     "+" marks uncommitted changes)."""
-    root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout.strip()
+        head = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+" if dirty else "")
@@ -172,15 +170,21 @@ def _decode_cell(result: dict) -> str:
     return "lockstep" if result["exit"] == 0 else "-"
 
 
+def _phase_text(result: dict) -> str:
+    """The phase lines and the verdicts (rows written before the phase lines
+    were recorded carry only the verdicts)."""
+    return " ".join(result.get("phases", []) + result["verdict"])
+
+
 def _entry_cell(result: dict) -> str:
-    text = " ".join(result.get("phases", []) + result["verdict"])
+    text = _phase_text(result)
     if "every step crashes" in text or "to the DSpark worker raises" in text:
         return "every step raises `TypeError`"
     return "reaches the worker"
 
 
 def _tier_cell(result: dict) -> str:
-    text = " ".join(result.get("phases", []) + result["verdict"])
+    text = _phase_text(result)
     if "diverge" in text and "compact-verify" in text:
         return "tiers diverge; a late rank left out"
     return "agree"

@@ -46,9 +46,8 @@ def test_the_committed_table_is_the_rendering_of_the_committed_rows(compat, rows
 def test_each_row_is_one_line_in_version_order(compat, rows):
     table = compat.render(rows)
     versions = [r["sglang"] for r in rows]
-    positions = [table.index(f"| {v} |") for v in versions]
-    ordered = sorted(versions, key=compat._version_key)
-    assert [versions[positions.index(p)] for p in sorted(positions)] == ordered
+    in_table = sorted(versions, key=lambda v: table.index(f"| {v} |"))
+    assert in_table == sorted(versions, key=compat._version_key)
     header = next(x for x in table.splitlines() if x.startswith("| SGLang |"))
     for v in versions:
         assert len(_line(table, v)) == header.count("|") - 1
