@@ -81,3 +81,11 @@ def test_stock_entry_and_tier_cells_read_the_phase_lines(compat):
     drift = {"phases": ["compact-verify: tiers diverge (8 vs 2)"], "verdict": []}
     assert compat._tier_cell(drift).startswith("tiers diverge")
     assert compat._tier_cell(fine) == "agree"
+
+
+def test_tier_cell_is_not_fooled_by_another_phase_diverging(compat):
+    result = {
+        "phases": ["compact-verify: TP 2, fixed: all 2 ranks agreed at 40 steps"],
+        "verdict": ["verify: FAILED: the ranks' startup capture decisions diverge"],
+    }
+    assert compat._tier_cell(result) == "agree"
