@@ -21,13 +21,9 @@ import logging
 import threading
 from typing import Any
 
+from sglang_dspark_dp.isolation import is_probing, is_process_group
+
 logger = logging.getLogger("sglang_dspark_dp")
-
-
-def _distributed() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
 
 
 class GroupVerdict:
@@ -42,10 +38,12 @@ class GroupVerdict:
 
     def agree(self, cpu_group: Any, world_size: int) -> bool:
         """Whether every rank of the group runs the repair (the first call on
-        a group is a collective every rank of it must make). Without an
-        initialised ``torch.distributed`` (a probe, a single-process tool)
-        there is nobody to agree with: the local verdict stands."""
-        if world_size <= 1 or not _distributed():
+        a group is a collective every rank of it must make). Inside a probe,
+        or where ``cpu_group`` is not a real process group of this process
+        (a stand-in's token, a single-process tool), there is nobody to
+        agree with: the local verdict stands, whatever state
+        ``torch.distributed`` is in."""
+        if world_size <= 1 or is_probing() or not is_process_group(cpu_group):
             return self.ok
         key = id(cpu_group)
         with self._lock:

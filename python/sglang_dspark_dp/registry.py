@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from sglang_dspark_dp.isolation import probing
 from sglang_dspark_dp.outcome import DidNotEnable, Outcome, Status
 
 logger = logging.getLogger("sglang_dspark_dp")
@@ -124,7 +125,8 @@ class Repair:
         failed: str | None = None
         try:
             try:
-                answer = self.setup_once()
+                with probing():
+                    answer = self.setup_once()
             except DidNotEnable:
                 raise
             except Exception as exc:

@@ -38,6 +38,7 @@ from sglang_dspark_dp.drivers.scheduler import (
     StepOutcome,
     non_overlap_step,
 )
+from sglang_dspark_dp.isolation import isolated
 from sglang_dspark_dp.outcome import DidNotEnable
 from sglang_dspark_dp.registry import Hook, NotNeeded, Repair
 
@@ -67,6 +68,7 @@ class ProbeResult:
         )
 
 
+@isolated
 def probe(api: Any = None) -> ProbeResult:
     """Drive one non-overlap prefill and decode step through the installed
     scheduler to the installed worker (as the class holds it now)."""

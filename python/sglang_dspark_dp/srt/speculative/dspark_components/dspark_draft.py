@@ -37,6 +37,7 @@ from sglang_dspark_dp.drivers.builders import (
     make_schedule_batch,
 )
 from sglang_dspark_dp.drivers.draft import DraftDriver
+from sglang_dspark_dp.isolation import isolated
 from sglang_dspark_dp.outcome import DidNotEnable
 from sglang_dspark_dp.registry import Hook, NotNeeded, Repair
 from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
@@ -147,6 +148,7 @@ def _stock_dp_fill(api: SGLangAPI, names: DraftDPFieldNames, fb: Any, counts):
     return foreign, tuple(dict.fromkeys(calls.blocking)), passes_through
 
 
+@isolated
 def probe(api: SGLangAPI | None = None) -> ProbeResult:
     """Build draft batches with the installed stock builder; report the gaps.
 

@@ -64,6 +64,7 @@ from sglang_dspark_dp import adapter
 from sglang_dspark_dp.adapter import planner as sg_planner
 from sglang_dspark_dp.consensus import GroupVerdict
 from sglang_dspark_dp.drivers import planner as standins
+from sglang_dspark_dp.isolation import isolated
 from sglang_dspark_dp.outcome import DidNotEnable
 from sglang_dspark_dp.registry import Hook, NotNeeded, Repair
 
@@ -252,6 +253,7 @@ def _step(planner: Any, level: float, *, calls: int) -> tuple[Any, Any]:
     return budget, layout
 
 
+@isolated
 def probe(module: Any, cls: type, around: Any = None) -> ProbeResult:
     """Run the installed planner (``_budget_from_resolved`` as SGLang wrote
     it, through ``around`` if given) as two simulated ranks on CPU.

@@ -59,6 +59,7 @@ from sglang_dspark_dp import adapter
 from sglang_dspark_dp.adapter import INIT_GRAPHS, STARTUP_TARGET
 from sglang_dspark_dp.consensus import GroupVerdict
 from sglang_dspark_dp.drivers import worker as standins
+from sglang_dspark_dp.isolation import isolated
 from sglang_dspark_dp.outcome import DidNotEnable
 from sglang_dspark_dp.registry import Hook, NotNeeded, Repair
 
@@ -131,6 +132,7 @@ class ProbeResult:
         return "; ".join(parts)
 
 
+@isolated
 def probe(module: Any, cls: type, around: Any = None) -> ProbeResult:
     """Run the installed ``init_cuda_graphs`` (as SGLang wrote it, under any
     applied hook; through ``around`` if given) on a CPU stand-in; record how
