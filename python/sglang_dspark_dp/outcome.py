@@ -40,6 +40,9 @@ class Status:
     reason: str
     sglang: str | None = None
     detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: What the repair's probe found of each upstream change it stands in
+    #: for (:class:`sglang_dspark_dp.upstream.Verdict`), in this build.
+    verdicts: tuple[Any, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -51,11 +54,24 @@ class Status:
         or never broken)."""
         return self.outcome in (Outcome.ENABLED, Outcome.NOT_NEEDED)
 
+    def changes(self) -> str:
+        """The upstream changes, in this build's terms: the ones missing
+        (which the repair stands in for) first."""
+        parts = []
+        for state in ("not in this build", "in this build", "not affected"):
+            labels = [v.change.label for v in self.verdicts if v.state.value == state]
+            if labels:
+                parts.append(f"{', '.join(labels)} {state}")
+        return "; ".join(parts)
+
     def line(self) -> str:
         """The one log line of this repair."""
         on = f" on sglang {self.sglang}" if self.sglang else ""
+        changes = self.changes()
+        changes = f" ({changes})" if changes else ""
         return (
-            f"sglang-dspark-dp: {self.repair}: {self.outcome.value}{on}: {self.reason}"
+            f"sglang-dspark-dp: {self.repair}: {self.outcome.value}{on}{changes}: "
+            f"{self.reason}"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -65,4 +81,5 @@ class Status:
             "reason": self.reason,
             "sglang": self.sglang,
             "detail": dict(self.detail),
+            "changes": [v.as_dict() for v in self.verdicts],
         }

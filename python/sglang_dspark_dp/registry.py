@@ -34,11 +34,13 @@ REPAIRS: tuple[tuple[str, str], ...] = (
         "startup-capture",
         "sglang_dspark_dp.srt.speculative.dspark_components.dspark_worker_v2",
     ),
+    ("capture-group-memory", "sglang_dspark_dp.srt.speculative.spec_tp_sync"),
     ("non-overlap-entry", "sglang_dspark_dp.srt.managers.scheduler"),
     (
         "verify-budget",
         "sglang_dspark_dp.srt.speculative.dspark_components.dspark_planner",
     ),
+    ("relay-wait", "sglang_dspark_dp.srt.managers.overlap_utils"),
 )
 
 
@@ -68,15 +70,30 @@ class NotNeeded:
 
 
 class Repair:
-    """Base of every repair; subclasses set ``name`` and ``setup_once``."""
+    """Base of every repair; subclasses set ``name``, ``stands_in_for`` and
+    ``setup_once``."""
 
     name = "repair"
+    #: The upstream changes (:mod:`sglang_dspark_dp.upstream` keys) this
+    #: repair makes where a build lacks them.
+    stands_in_for: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self._hook: Hook | None = None
         self._original: Any = None
         self._offered: list[tuple[Any, str, Any]] = []
+        self._verdicts: tuple[Any, ...] = ()
         self._status = Status(self.name, Outcome.NOT_INSTRUMENTED, "not tried yet")
+
+    def found(self, verdicts: Any) -> None:
+        """What the probe found of the upstream changes this repair stands
+        in for (set by ``setup_once`` as soon as it knows, so that every
+        outcome, 'not applicable' included, names them)."""
+        self._verdicts = tuple(verdicts)
+
+    @property
+    def verdicts(self) -> tuple[Any, ...]:
+        return self._verdicts
 
     # -- what a subclass provides -------------------------------------
 
@@ -110,7 +127,12 @@ class Repair:
         from sglang_dspark_dp.package import installed_sglang_version
 
         self._status = Status(
-            self.name, outcome, reason, installed_sglang_version(), dict(detail or {})
+            self.name,
+            outcome,
+            reason,
+            installed_sglang_version(),
+            dict(detail or {}),
+            self._verdicts,
         )
         return self._status
 
@@ -122,6 +144,7 @@ class Repair:
 
         if self._hook is not None:
             return self._status
+        self._verdicts = ()
         failed: str | None = None
         try:
             try:

@@ -56,6 +56,11 @@ RELAY_MODULE = "sglang.srt.managers.overlap_utils"
 RELAY = "ConfidenceRelay"
 RELAY_LAG = "CONFIDENCE_RELAY_RING_LAG"
 RELAY_DEPTH = "CONFIDENCE_RELAY_RING_DEPTH"
+RESOLVE = "resolve"
+#: The relay-wait repair's hook target (``HookRegistry`` spelling).
+RESOLVE_TARGET = f"{RELAY_MODULE}.{RELAY}.{RESOLVE}"
+#: ``ConfidenceRelay.resolve``'s parameters after ``self``.
+RESOLVE_PARAMS = ("batch", "stream", "publish_ready")
 SPS_MODULE = "sglang.srt.speculative.dspark_components.dspark_sps"
 RAGGED_MODULE = "sglang.srt.speculative.ragged_verify"
 #: ``SGLANG_RAGGED_VERIFY_MODE`` values that schedule a verify budget.
@@ -279,11 +284,6 @@ def bind_budget(planner: Any, fn: Any) -> AttrSwap:
     return AttrSwap((planner, BUDGET, budget))
 
 
-def budget_method(planner: Any) -> Any:
-    """The planner's budget method as its own code calls it."""
-    return getattr(planner, BUDGET)
-
-
 def graph_tier(
     module: Any,
     *,
@@ -352,3 +352,71 @@ def installed_class(module_name: str, name: str) -> type | None:
     except ImportError:
         return None
     return found if isinstance(found, type) else None
+
+
+def load_relay() -> tuple[Any, type]:
+    """``(overlap_utils module, ConfidenceRelay)``, or DidNotEnable."""
+    try:
+        module = importlib.import_module(RELAY_MODULE)
+    except ImportError as exc:
+        raise DidNotEnable(
+            f"the installed SGLang has no {RELAY_MODULE} ({exc})"
+        ) from exc
+    cls = getattr(module, RELAY, None)
+    if not isinstance(cls, type):
+        raise DidNotEnable(f"{RELAY_MODULE} has no class {RELAY}")
+    fn = cls.__dict__.get(RESOLVE)
+    if not callable(fn):
+        raise DidNotEnable(f"{RELAY}.{RESOLVE} is not there (renamed target?)")
+    params = [
+        p for p in inspect.signature(inspect.unwrap(fn)).parameters if p != "self"
+    ]
+    if tuple(params) != RESOLVE_PARAMS:
+        raise DidNotEnable(
+            f"{RELAY}.{RESOLVE} has an unexpected signature ({', '.join(params)})"
+        )
+    for name in (RELAY_LAG, RELAY_DEPTH):
+        if not isinstance(getattr(module, name, None), int):
+            raise DidNotEnable(f"{RELAY_MODULE} has no {name} (renamed?)")
+    return module, cls
+
+
+def stock_resolve(cls: type) -> Any:
+    """``resolve`` as the installed SGLang wrote it, under any applied hook."""
+    return inspect.unwrap(cls.__dict__[RESOLVE])
+
+
+def resolve_signature(cls: type) -> inspect.Signature:
+    return inspect.signature(stock_resolve(cls))
+
+
+def pending_copy(relay: Any, batch: Any, stream: Any, publish_ready: Any) -> Any:
+    """The copy-done event of the ring slot ``resolve`` reads on the overlap
+    path, where that copy has not landed yet (None: resolve had another
+    reason to answer None: no relay yet, no draft input, no rows, the
+    non-overlap path, or a ring not yet ``lag`` steps deep)."""
+    if stream is None or publish_ready is None or not relay.initialized:
+        return None
+    spec_info = getattr(batch, "spec_info", None)
+    rows = None if spec_info is None else getattr(spec_info, "future_indices", None)
+    if rows is None or rows.shape[0] == 0:
+        return None
+    lag, depth = relay_lag_steps()
+    if relay.ring_pos < lag:
+        return None
+    event = relay.copy_done[(relay.ring_pos - lag) % depth]
+    return None if event.query() else event
+
+
+def relay_ring_slot(relay: Any, slot: int) -> tuple[Any, Any]:
+    """``(confidence, generation)`` rows of one ring slot."""
+    return relay.conf_ring[slot], relay.gen_ring[slot]
+
+
+def set_relay_position(relay: Any, ring_pos: int) -> None:
+    relay.ring_pos = int(ring_pos)
+
+
+def resolved_values(resolved: Any) -> tuple[Any, Any]:
+    """``(confidence, generation)`` of what ``resolve`` returned."""
+    return resolved.confidence, resolved.generation

@@ -43,8 +43,6 @@ MEMORY_HELPER = "get_available_gpu_memory"
 MEMORY_HELPER_HOMES = ("sglang.srt.utils.common", "sglang.srt.utils")
 #: Below this many GiB of free memory the stock worker skips draft capture.
 CAPTURE_CUTOFF_GIB = 1.0
-#: The ``SpecTpSyncSite`` member of the startup memory reading (by name).
-MEMORY_SITE = "DSPARK_MEM"
 #: Where the worker keeps the group its draft graphs capture on, in the
 #: order they are tried: the worker's own name for it (later releases),
 #: then the draft model runner's TP group (the group ``FullCudaGraphBackend``
@@ -192,46 +190,6 @@ def reduced_module_reading(module: Any, group: Any) -> AttrSwap:
         helper = getattr(site, MEMORY_HELPER)
         swaps.append((site, MEMORY_HELPER, _distributed_call(helper, group.cpu_group)))
     return AttrSwap(*swaps)
-
-
-def memory_helper_near(obj: Any) -> Any:
-    """The memory helper as ``obj``'s class's module looks it up (so a
-    mock or another hook there is reached), else SGLang's own."""
-    found = getattr(sys.modules.get(type(obj).__module__), MEMORY_HELPER, None)
-    if found is None:
-        found = getattr(importlib.import_module(MEMORY_HELPER_HOMES[1]), MEMORY_HELPER)
-    return found
-
-
-def reduced_tp_sync_reading(worker: Any, group: Any) -> AttrSwap:
-    """For a ``with`` block: ``worker._tp_sync.available_memory_gb`` (this
-    instance only) reduces the ``DSPARK_MEM`` reading over ``group``;
-    every other site goes to the stock method unchanged, and no other sync
-    site of ``SpecTpSync`` is touched."""
-    tp_sync = vars(worker).get(TP_SYNC_ATTR)
-    if tp_sync is None or not callable(getattr(tp_sync, "available_memory_gb", None)):
-        raise LookupError("the worker has no _tp_sync.available_memory_gb")
-    stock = tp_sync.available_memory_gb
-    sig = signature_of(stock)
-    if sig is None or not {"site", "device", "gpu_id"} <= set(sig.parameters):
-        raise LookupError("_tp_sync.available_memory_gb has an unexpected signature")
-    cpu_group = group.cpu_group
-
-    @functools.wraps(stock)
-    def available_memory_gb(*args: Any, **kwargs: Any) -> Any:
-        bound = sig.bind(*args, **kwargs)
-        site = bound.arguments["site"]
-        if getattr(site, "name", None) != MEMORY_SITE:
-            return stock(*args, **kwargs)
-        helper = memory_helper_near(tp_sync)
-        return helper(
-            bound.arguments["device"],
-            bound.arguments["gpu_id"],
-            distributed=True,
-            cpu_group=cpu_group,
-        )
-
-    return AttrSwap((tp_sync, "available_memory_gb", available_memory_gb))
 
 
 def pretend_cuda(module: Any) -> AttrSwap:

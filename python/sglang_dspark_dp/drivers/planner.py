@@ -146,21 +146,35 @@ class ReplayGroup:
 class CopyEvent:
     """A stand-in for the CUDA event the relay records after each ring copy:
     ``query()`` answers whether the copy has landed, as ``landed()`` says
-    (the harness makes a rank's copy late on chosen steps)."""
+    (the harness makes a rank's copy late on chosen steps), and
+    ``synchronize()`` waits for it: the copy has landed from then until the
+    next ``record()`` (a new copy into the slot). ``waits`` counts the
+    synchronizations."""
 
     def __init__(self, landed: Any) -> None:
         self._landed = landed
+        self._waited = False
         cls = _cuda_class("Event")
         self.record = following(
             installed_signature(cls, "record"), lambda _b: self._recorded()
         )
         self.query = following(
-            installed_signature(cls, "query"), lambda _b: bool(self._landed())
+            installed_signature(cls, "query"),
+            lambda _b: self._waited or bool(self._landed()),
+        )
+        self.synchronize = following(
+            installed_signature(cls, "synchronize"), lambda _b: self._wait()
         )
         self.records = 0
+        self.waits = 0
 
     def _recorded(self) -> None:
         self.records += 1
+        self._waited = False
+
+    def _wait(self) -> None:
+        self.waits += 1
+        self._waited = True
 
 
 class CopyStream:

@@ -97,10 +97,15 @@ class StandInScheduler(_StandIn):
         self.future_map = None
         self.pp_group = SimpleNamespace(is_last_rank=True, world_size=1)
         self.ps = SimpleNamespace(pp_size=1)
-        # Looked up on the class at call time, so an applied hook is in it.
-        self.model_worker = SimpleNamespace(
-            **{FORWARD: lambda *a, **k: getattr(worker_cls, FORWARD)(worker, *a, **k)}
-        )
+        #: The keyword arguments of each call the scheduler made.
+        self.keywords: list[tuple[str, ...]] = []
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            self.keywords.append(tuple(sorted(kwargs)))
+            # Looked up on the class at call time, so an applied hook is in it.
+            return getattr(worker_cls, FORWARD)(worker, *args, **kwargs)
+
+        self.model_worker = SimpleNamespace(**{FORWARD: forward})
 
     def _forward_isolation(self, batch: Any, overlap: bool = False) -> Any:
         return contextlib.nullcontext()
@@ -128,6 +133,8 @@ class StepOutcome:
     step: str  # "prefill" | "decode"
     reached: str | None  # the worker body reached (None: it was not)
     error: str | None  # the server's exception at the call, if any
+    #: The keyword arguments the scheduler passed the worker.
+    keywords: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -159,13 +166,17 @@ def non_overlap_step(
         ):
             run_batch(scheduler, batch)
     except Reached as reached:
-        return StepOutcome(step, reached.path, None)
+        return StepOutcome(step, reached.path, None, _passed(scheduler))
     except CannotDrive:
         raise
     except TypeError as exc:
-        return StepOutcome(step, None, f"TypeError: {exc}")
+        return StepOutcome(step, None, f"TypeError: {exc}", _passed(scheduler))
     except Exception as exc:
         raise CannotDrive(
             f"{RUN_BATCH} failed before the worker: {type(exc).__name__}: {exc}"
         ) from exc
     raise CannotDrive(f"{RUN_BATCH} returned without calling the DSpark worker")
+
+
+def _passed(scheduler: StandInScheduler) -> tuple[str, ...]:
+    return tuple(sorted({k for call in scheduler.keywords for k in call}))

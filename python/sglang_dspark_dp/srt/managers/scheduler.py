@@ -41,6 +41,9 @@ from sglang_dspark_dp.drivers.scheduler import (
 from sglang_dspark_dp.isolation import isolated
 from sglang_dspark_dp.outcome import DidNotEnable
 from sglang_dspark_dp.registry import Hook, NotNeeded, Repair
+from sglang_dspark_dp.upstream import State, Verdict
+
+CHANGE = "non-overlap-pp-proxy"
 
 
 class PipelineTensorsError(ValueError):
@@ -60,6 +63,11 @@ class ProbeResult:
     @property
     def rejects_pp_kwarg(self) -> bool:
         return any(s.error and PP_KWARG in s.error for s in self.steps)
+
+    @property
+    def passes_pp_kwarg(self) -> bool:
+        """The scheduler's call hands the worker ``pp_proxy_tensors``."""
+        return any(PP_KWARG in s.keywords for s in self.steps)
 
     def describe(self) -> str:
         return "; ".join(
@@ -88,6 +96,26 @@ def probe(api: Any = None) -> ProbeResult:
     return ProbeResult(steps)
 
 
+def verdicts(result: ProbeResult) -> tuple[Verdict, ...]:
+    """What the probe found of the change that fixed #39262."""
+    if not result.passes_pp_kwarg and result.reaches:
+        state, text = (
+            State.NOT_AFFECTED,
+            f"the scheduler's non-overlap call passes no {PP_KWARG}",
+        )
+    elif result.reaches:
+        state, text = (
+            State.IN,
+            f"the DSpark worker takes the {PP_KWARG} the scheduler passes",
+        )
+    else:
+        state, text = (
+            State.NOT_IN,
+            f"with --disable-overlap-schedule every step raises: {result.describe()}",
+        )
+    return (Verdict(CHANGE, state, text),)
+
+
 def accept_pp_proxy_tensors(original: Any, worker: Any, *args: Any, **kwargs: Any):
     """The AROUND hook: ``pp_proxy_tensors=None`` is dropped; anything else
     is refused, naming the argument and its value."""
@@ -106,6 +134,7 @@ class NonOverlapEntryRepair(Repair):
     """Lets the scheduler's non-overlap call reach the DSpark worker."""
 
     name = "non-overlap-entry"
+    stands_in_for = (CHANGE,)
 
     def __init__(self) -> None:
         super().__init__()
@@ -116,6 +145,7 @@ class NonOverlapEntryRepair(Repair):
         _, worker_cls = adapter.load_worker()
         stock = probe()
         self.probe_result = stock
+        self.found(verdicts(stock))
         detail = {"target": FORWARD_TARGET, "stock": stock.describe()}
         if stock.reaches:
             return NotNeeded(
@@ -148,7 +178,7 @@ class NonOverlapEntryRepair(Repair):
             reason=(
                 "with --disable-overlap-schedule every step would raise TypeError "
                 f"(the scheduler passes {PP_KWARG}, which DSparkWorkerV2."
-                f"{FORWARD} does not take); dropping it when None (SGLang #39262)"
+                f"{FORWARD} does not take); dropping it when None"
             ),
             detail=detail,
         )

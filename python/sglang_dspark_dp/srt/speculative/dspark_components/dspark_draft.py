@@ -53,8 +53,14 @@ from sglang_dspark_dp.srt.speculative.dspark_dp_guard import (
     check_draft_batch,
     guard_enabled,
 )
+from sglang_dspark_dp.upstream import State, Verdict
 
 _BUFFERS_ATTR = "_sglang_dspark_dp_buffers"
+
+#: The upstream changes this repair stands in for.
+DP_METADATA = "dp-draft-metadata"
+TP_NON_PADDED = "tp-draft-non-padded"
+NO_HOST_WAIT = "dp-fill-no-host-wait"
 
 #: Which field group repairs each logical key.
 _GROUP_OF = {
@@ -236,6 +242,64 @@ def probe(api: SGLangAPI | None = None) -> ProbeResult:
     )
 
 
+def verdicts(result: ProbeResult) -> tuple[Verdict, ...]:
+    """What the probe found of #33098, the attention-TP non-padded counts
+    and the DP fill without a host wait."""
+
+    def fields(missing: tuple[str, ...]) -> str:
+        return ", ".join(missing)
+
+    out = [
+        Verdict(
+            DP_METADATA,
+            State.NOT_IN,
+            f"the DP-attention draft batch misses {fields(result.missing_dp)}",
+        )
+        if result.missing_dp
+        else Verdict(
+            DP_METADATA, State.IN, "the DP-attention draft batch carries its metadata"
+        ),
+        Verdict(
+            TP_NON_PADDED,
+            State.NOT_IN,
+            f"the attention-TP draft batch misses {fields(result.missing_local)}",
+        )
+        if result.missing_local
+        else Verdict(
+            TP_NON_PADDED,
+            State.IN,
+            "the attention-TP draft batch carries its non-padded counts",
+        ),
+    ]
+    if result.blocking:
+        out.append(
+            Verdict(
+                NO_HOST_WAIT,
+                State.NOT_IN,
+                f"the DP fill calls {result.blocking[0]} at every step: the host "
+                "waits for the GPU",
+            )
+        )
+    elif "non_padded" in {g.key for g in result.gaps_dp}:
+        out.append(
+            Verdict(
+                NO_HOST_WAIT,
+                State.NOT_AFFECTED,
+                "the DP fill has no device non-padded count, so no host-to-device "
+                "tensor to wait for",
+            )
+        )
+    else:
+        out.append(
+            Verdict(
+                NO_HOST_WAIT,
+                State.IN,
+                "the DP fill writes its device counts without a host wait",
+            )
+        )
+    return tuple(out)
+
+
 @dataclasses.dataclass(frozen=True)
 class RepairPlan:
     """What the hook does on each path, fixed at instrument time."""
@@ -335,6 +399,7 @@ class DraftBatchRepair(Repair):
     """Completes the DP/EP metadata of DSpark's hand-built draft batch."""
 
     name = "draft-batch"
+    stands_in_for = (DP_METADATA, TP_NON_PADDED, NO_HOST_WAIT)
 
     def __init__(self) -> None:
         super().__init__()
@@ -352,6 +417,7 @@ class DraftBatchRepair(Repair):
         adapter.hook_registry()  # DidNotEnable without SGLang's plugin API
         api = adapter.load_sglang_api()
         result = probe(api)
+        self.found(verdicts(result))
         guard = guard_enabled() if self._guard is None else self._guard
         plan = RepairPlan.from_probe(result, guard=guard)
         self.probe_result, self.plan = result, plan

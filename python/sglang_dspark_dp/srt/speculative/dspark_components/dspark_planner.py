@@ -6,17 +6,19 @@ Counterpart of ``sglang/srt/speculative/dspark_components/dspark_planner.py``
 verify mode (``SGLANG_RAGGED_VERIFY_MODE=compact`` with a profiled SPS
 table, or ``cap-accept``), ``DSparkVerifyPlanner``'s ``_budget_from_resolved``
 turns the draft confidences into a verify token budget on each rank alone
-(an argmax over confidence x steps-per-second). Two things then go wrong
-under tensor parallelism:
+(an argmax over confidence x steps-per-second), and ``schedule_layout`` keys
+the verify CUDA-graph tier (``graph_num_tokens``) off that local budget.
+Confidences a few 1e-3 apart across ranks (their confidence heads round
+differently) flip a near-tie, and ranks replay graphs of different token
+counts in the same TP collectives. Such drift can come at any step, so the
+budget is agreed at every scheduled step.
 
-- **tier drift** (compact mode, plain TP): ``schedule_layout`` keys the
-  verify CUDA-graph tier (``graph_num_tokens``) off that local budget.
-  Confidences a few 1e-3 apart across ranks flip a near-tie, and ranks
-  replay graphs of different token counts in the same TP collectives;
-- **late relay** (overlap scheduling): ``ConfidenceRelay.resolve`` returns
-  None on a rank whose lagged device-to-host copy has not landed; its
-  budget is None, and ``_schedule_verify_lens`` returns before the
-  ``verify_lens`` broadcast the other ranks enter.
+The other half of the family, a rank whose lagged confidences have not
+landed (``ConfidenceRelay.resolve`` answers None there alone, and that rank
+skips the ``verify_lens`` broadcast), is the relay-wait repair's: it waits
+for the copy, as upstream does. Should that repair not apply, the broadcast
+here still carries a None budget (as -1) from the first rank, so the ranks
+still agree on whether the broadcast runs.
 
 ``verify_lens`` is broadcast from the group's first rank on every release
 (0.5.19's ``SpecTpSync`` site ``DSPARK_PLAN`` included), but the budget and
@@ -46,11 +48,10 @@ step where a budget is scheduled and the group has more than one rank.
 Nothing is decided by version string. :func:`probe` builds the installed
 planner on CPU with a profiled SPS table and a two-rank group stand-in that
 replays the first rank's broadcasts to the second, and looks at what the
-installed code does with two ranks whose confidences differ (do their graph
-tiers differ with no collective in between?) and with a second rank whose
-resolved confidences are late (does it leave the ``verify_lens``
-broadcast?). Already agreeing (a later release): nothing is patched. Then
-the same probe runs through the hook to check that it makes the ranks agree.
+installed code does with two ranks whose confidences differ: do their graph
+tiers differ with no collective in between? Already agreeing (a later
+release): nothing is patched. Then the same probe runs through the hook to
+check that it makes the ranks agree.
 """
 
 from __future__ import annotations
@@ -67,8 +68,11 @@ from sglang_dspark_dp.drivers import planner as standins
 from sglang_dspark_dp.isolation import isolated
 from sglang_dspark_dp.outcome import DidNotEnable
 from sglang_dspark_dp.registry import Hook, NotNeeded, Repair
+from sglang_dspark_dp.upstream import State, Verdict
 
 logger = logging.getLogger("sglang_dspark_dp")
+
+CHANGE = "verify-budget-broadcast"
 
 #: The value a budget of None travels as.
 NO_BUDGET = -1
@@ -130,12 +134,6 @@ class ProbeResult:
     #: The tier the unconfident drafts get on the source rank alone (what
     #: the other rank's own inputs choose).
     own_tier: int | None
-    #: Late step: ``verify_lens`` broadcasts made by the source (resolved
-    #: confidences) and by the other rank (none resolved), and how many of
-    #: the source's the other rank never entered.
-    late_calls: tuple[int, int]
-    late_missing: int
-    late_budgets: tuple[int | None, int | None]
 
     @property
     def tier_local(self) -> bool:
@@ -143,38 +141,29 @@ class ProbeResult:
         return self.tiers[0] != self.tiers[1]
 
     @property
-    def late_left_out(self) -> bool:
-        """A rank without resolved confidences skipped a broadcast the
-        source entered (or entered one the source did not)."""
-        return self.late_missing > 0 or self.late_calls[0] != self.late_calls[1]
-
-    @property
     def agrees(self) -> bool:
-        return not self.tier_local and not self.late_left_out
+        return not self.tier_local
 
     def describe(self) -> str:
-        tier = (
-            f"graph tiers {self.tiers[0]} vs {self.tiers[1]} tokens from budgets "
-            f"{self.budgets[0]} vs {self.budgets[1]}"
-            if self.tier_local
-            else f"both ranks on graph tier {self.tiers[0]} (budget {self.budgets[0]})"
+        if self.tier_local:
+            return (
+                f"graph tiers {self.tiers[0]} vs {self.tiers[1]} tokens from budgets "
+                f"{self.budgets[0]} vs {self.budgets[1]}"
+            )
+        return f"both ranks on graph tier {self.tiers[0]} (budget {self.budgets[0]})"
+
+
+def verdicts(result: ProbeResult) -> tuple[Verdict, ...]:
+    if result.tier_local:
+        return (
+            Verdict(
+                CHANGE,
+                State.NOT_IN,
+                "two ranks whose draft confidences differ pick compact-verify "
+                f"{result.describe()}, with no collective in between",
+            ),
         )
-        late = (
-            f"a late rank made {self.late_calls[1]} of the source's "
-            f"{self.late_calls[0]} verify_lens broadcasts"
-            if self.late_left_out
-            else "a late rank still entered the verify_lens broadcast"
-        )
-        return f"{tier}; {late}"
-
-
-class _LocalVerdict:
-    """The probe's verdict: nobody to agree with."""
-
-    ok = True
-
-    def agree(self, cpu_group: Any, world_size: int) -> bool:
-        return True
+    return (Verdict(CHANGE, State.IN, result.describe()),)
 
 
 def _replay_exchange(group: Any, budget: int | None) -> int | None:
@@ -225,23 +214,17 @@ def _tier(layout: Any) -> int | None:
 
 def _step(planner: Any, level: float, *, calls: int) -> tuple[Any, Any]:
     """One scheduled verify on ``planner``: its budget (the last of
-    ``calls`` budget calls on confidences at ``level``; 0 calls: one call
-    with no resolved confidences, as on a late relay) and its layout."""
+    ``calls`` budget calls on confidences at ``level``) and its layout."""
     import torch
 
     rows = _rows()
     confidence = _confidence(level)
-    if calls:
-        budget = None
-        for _ in range(calls):
-            budget = planner.compute_budget_sync(
-                confidence=confidence,
-                prefix_lens=torch.full((PROBE_BS,), 16, dtype=torch.int64),
-                req_pool_indices=rows,
-            )
-    else:
-        budget = sg_planner.budget_method(planner)(
-            resolved=None, req_pool_indices_cpu=rows
+    budget = None
+    for _ in range(calls):
+        budget = planner.compute_budget_sync(
+            confidence=confidence,
+            prefix_lens=torch.full((PROBE_BS,), 16, dtype=torch.int64),
+            req_pool_indices=rows,
         )
     layout = planner.schedule_layout(
         req_pool_indices=rows,
@@ -256,7 +239,8 @@ def _step(planner: Any, level: float, *, calls: int) -> tuple[Any, Any]:
 @isolated
 def probe(module: Any, cls: type, around: Any = None) -> ProbeResult:
     """Run the installed planner (``_budget_from_resolved`` as SGLang wrote
-    it, through ``around`` if given) as two simulated ranks on CPU.
+    it, through ``around`` if given) as two simulated ranks on CPU, whose
+    draft confidences differ.
     Raises DidNotEnable where the installed code has no known broadcast
     group; anything else that goes wrong propagates (a failure that need
     not be the same on every rank)."""
@@ -300,21 +284,12 @@ def probe(module: Any, cls: type, around: Any = None) -> ProbeResult:
             group.act_as(1)
             b1, l1 = _step(other, PROBE_LOW, calls=warm)
             group.act_as(0)
-            lb0, _ = _step(source, PROBE_HIGH, calls=1)
-            calls0 = group.calls
-            group.act_as(1)
-            lb1, _ = _step(other, PROBE_HIGH, calls=0)
-            calls1, missing = group.calls, group.missing
-            group.act_as(0)
             _, own = _step(alone, PROBE_LOW, calls=warm)
     result = ProbeResult(
         shape=shape,
         budgets=(b0, b1),
         tiers=(_tier(l0), _tier(l1)),
         own_tier=_tier(own),
-        late_calls=(calls0, calls1),
-        late_missing=missing,
-        late_budgets=(lb0, lb1),
     )
     if result.tiers[0] is None or result.own_tier is None:
         raise RuntimeError(
@@ -392,6 +367,7 @@ class VerifyBudgetRepair(Repair):
     and all enter that broadcast."""
 
     name = "verify-budget"
+    stands_in_for = (CHANGE,)
 
     def __init__(self) -> None:
         super().__init__()
@@ -414,6 +390,7 @@ class VerifyBudgetRepair(Repair):
         module, cls, shape = self._target()
         stock = probe(module, cls)
         self.probe_result = stock
+        self.found(verdicts(stock))
         detail: dict[str, Any] = {
             "target": sg_planner.BUDGET_TARGET,
             "group": sg_planner.SHAPE_WHERE[shape],
@@ -429,7 +406,9 @@ class VerifyBudgetRepair(Repair):
         check = probe(
             module,
             cls,
-            around=make_around(module, shape, _LocalVerdict(), _replay_exchange),
+            around=make_around(
+                module, shape, GroupVerdict(self.name, True), _replay_exchange
+            ),
         )
         if not check.agrees:
             raise DidNotEnable(
@@ -439,25 +418,15 @@ class VerifyBudgetRepair(Repair):
         self.shape = shape
         detail["shape"] = shape
         detail["repaired"] = check.describe()
-        found = []
-        if stock.tier_local:
-            found.append(
-                "ranks pick the compact verify graph tier from their own budget "
-                f"(probe: {stock.tiers[0]} vs {stock.tiers[1]} tokens)"
-            )
-        if stock.late_left_out:
-            found.append(
-                "a rank whose lagged confidences are late leaves the verify_lens "
-                "broadcast"
-            )
         return Hook(
             target=sg_planner.BUDGET_TARGET,
             owner=cls,
             attr=sg_planner.BUDGET,
             around=make_around(module, shape, GroupVerdict(self.name, True)),
             reason=(
-                "; ".join(found)
-                + "; broadcasting the verify budget from the first rank of "
+                "ranks pick the compact verify graph tier from their own budget "
+                f"(probe: {stock.tiers[0]} vs {stock.tiers[1]} tokens); broadcasting "
+                "the verify budget from the first rank of "
                 f"{sg_planner.SHAPE_WHERE[shape]} at every scheduled step"
             ),
             detail=detail,

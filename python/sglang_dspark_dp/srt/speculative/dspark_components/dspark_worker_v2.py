@@ -3,28 +3,25 @@ decides draft CUDA-graph capture from the same free-memory figure.
 
 Counterpart of ``sglang/srt/speculative/dspark_components/dspark_worker_v2.py``
 (SGLang issue #39886). ``DSparkWorkerV2.init_cuda_graphs`` skips draft
-capture when less than 1 GiB is free, but reads only this rank's free
-memory. Ranks on opposite sides of the cutoff then disagree: the capturing
-ranks wait in ``FullCudaGraphBackend``'s capture barriers on the TP group
-for ranks that never come, and startup hangs.
-
-- Releases that call ``get_available_gpu_memory`` by the worker module's own
-  name (0.5.16, 0.5.17) never ask for the distributed reading.
-- Releases that go through ``SpecTpSync.available_memory_gb`` (0.5.23) pass
-  the capture group, but ``SpecTpSync`` is built on ``get_dp_tp_group()``;
-  under DP attention with attention TP 1 that group has one rank, the
-  constructor drops every sync site, and the reading stays rank-local.
+capture when less than 1 GiB is free. On 0.5.16-0.5.18 it calls
+``get_available_gpu_memory`` by the worker module's own name and reads only
+this rank's free memory (and the folded-sampling decision of 0.5.17-0.5.18
+reads its own the same way). Ranks on opposite sides of the cutoff then
+disagree: the capturing ranks wait in ``FullCudaGraphBackend``'s capture
+barriers on the TP group for ranks that never come, and startup hangs.
+Upstream moved the reading into ``SpecTpSync`` (PR #33614, 0.5.19), which
+reduces it under plain TP; under DP attention with attention TP 1 it stays
+rank-local until PR #39954 (in no release yet). This repair stands in for
+both on releases that read memory by the worker module's name; from 0.5.19
+the reading goes through ``SpecTpSync.available_memory_gb``, and the
+capture-group-memory repair makes it there, at #39954's depth.
 
 The hook is an AROUND hook on ``init_cuda_graphs``. For that call only, the
-reading is asked for with ``distributed=True`` over the capture group's
-``cpu_group``; SGLang's own helper then all-reduces the minimum. The first
-shape swaps the worker module's name for the helper; the second overrides
-``available_memory_gb`` on this worker's ``SpecTpSync`` instance for the
-``DSPARK_MEM`` site only (no other sync site is enabled, whatever
-``SGLANG_SPEC_TP_SYNC`` says, and that one site is reduced even if the
-variable leaves it out: a disagreement here is a hang, not a numerical
-divergence to study). Nothing is reimplemented: the reading, the reduction
-and the decision are SGLang's.
+worker module's name for the helper (and the draft sampler module's, where
+it has one) asks for the reading with ``distributed=True`` over the capture
+group's ``cpu_group``; SGLang's own helper then all-reduces the minimum.
+Nothing is reimplemented: the reading, the reduction and the decision are
+SGLang's.
 
 Why the reduction cannot deadlock: every rank of the capture group runs
 ``init_cuda_graphs`` once at startup, with the same server arguments and the
@@ -40,8 +37,9 @@ Nothing is decided by version string. :func:`probe` runs the installed
 ranks (``SpecTpSync``, where the release has it, built on a one-rank group
 as under DP attention with attention TP 1), with a recorder in place of the
 memory helper, and looks at how the reading is requested. Already reduced
-over the capture group (a later release): nothing is patched. Then the same
-probe runs through the hook to check that the hook makes it so.
+over the capture group, or taken through ``SpecTpSync`` (0.5.19 on):
+nothing is patched here. Then the same probe runs through the hook to check
+that the hook makes it so.
 
 At call time: a worker that does not host the draft, or whose capture group
 has one rank, goes straight to the original. If the capture group cannot be
@@ -62,6 +60,7 @@ from sglang_dspark_dp.drivers import worker as standins
 from sglang_dspark_dp.isolation import isolated
 from sglang_dspark_dp.outcome import DidNotEnable
 from sglang_dspark_dp.registry import Hook, NotNeeded, Repair
+from sglang_dspark_dp.upstream import State, Verdict
 
 logger = logging.getLogger("sglang_dspark_dp")
 
@@ -69,15 +68,9 @@ logger = logging.getLogger("sglang_dspark_dp")
 SHAPE_MODULE_NAME = "module-name"  # the worker module's name for the helper
 SHAPE_TP_SYNC = "tp-sync"  # SpecTpSync.available_memory_gb
 
-_WHY = {
-    SHAPE_MODULE_NAME: (
-        "the draft CUDA-graph capture decision reads this rank's free memory only"
-    ),
-    SHAPE_TP_SYNC: (
-        "SpecTpSync leaves the draft capture decision's free-memory reading "
-        "rank-local when its own group has one rank (DP attention, attention TP 1)"
-    ),
-}
+#: The upstream changes this repair stands in for.
+SPEC_TP_SYNC = "spec-tp-sync"
+CAPTURE_GROUP = "capture-group-memory"
 
 #: What the probe's recorder answers (above the cutoff: the stock code then
 #: takes its capture path and logs nothing).
@@ -189,6 +182,32 @@ def probe(module: Any, cls: type, around: Any = None) -> ProbeResult:
     )
 
 
+def verdicts(result: ProbeResult) -> tuple[Verdict, ...]:
+    """What the probe found of #33614 and #39954 (on releases that read
+    through ``SpecTpSync``, #39954 is the capture-group-memory repair's to
+    judge)."""
+    text = f"the startup reading is {result.describe()}"
+    if result.via_tp_sync:
+        return (
+            Verdict(
+                SPEC_TP_SYNC,
+                State.IN,
+                "the startup reading goes through SpecTpSync.available_memory_gb",
+            ),
+        )
+    if result.reduced:
+        return (
+            Verdict(SPEC_TP_SYNC, State.IN, text),
+            Verdict(CAPTURE_GROUP, State.IN, text),
+        )
+    return (
+        Verdict(SPEC_TP_SYNC, State.NOT_IN, f"{text}, under plain TP too"),
+        Verdict(
+            CAPTURE_GROUP, State.NOT_IN, f"{text}, under DP attention (attention TP 1)"
+        ),
+    )
+
+
 def _stock_decision(original: Any, worker: Any, args: Any, kwargs: Any, why: str):
     logger.warning(
         "sglang-dspark-dp: startup-capture: %s; draft CUDA-graph capture is "
@@ -223,10 +242,7 @@ def make_around(module: Any, shape: str | None, verdict: GroupVerdict) -> Any:
         if not verdict.agree(group.cpu_group, group.world_size) or shape is None:
             return original(worker, *args, **kwargs)
         try:
-            if shape == SHAPE_TP_SYNC:
-                swap = adapter.reduced_tp_sync_reading(worker, group)
-            else:
-                swap = adapter.reduced_module_reading(module, group)
+            swap = adapter.reduced_module_reading(module, group)
         except Exception as exc:
             return _stock_decision(
                 original, worker, args, kwargs, f"cannot redirect the reading ({exc})"
@@ -242,6 +258,7 @@ class StartupCaptureRepair(Repair):
     group's minimum, so all its ranks capture or all skip."""
 
     name = "startup-capture"
+    stands_in_for = (SPEC_TP_SYNC, CAPTURE_GROUP)
 
     def __init__(self) -> None:
         super().__init__()
@@ -253,11 +270,19 @@ class StartupCaptureRepair(Repair):
         adapter.hook_registry()  # DidNotEnable without SGLang's plugin API
         stock = probe(module, cls)
         self.probe_result = stock
+        self.found(verdicts(stock))
         detail: dict[str, Any] = {
             "target": STARTUP_TARGET,
             "stock_reading": stock.describe(),
             "cutoff_gib": adapter.CAPTURE_CUTOFF_GIB,
         }
+        if stock.via_tp_sync:
+            return NotNeeded(
+                "the DSpark draft worker takes its startup free-memory reading "
+                "through SpecTpSync.available_memory_gb, where capture-group-memory "
+                "repairs it; nothing patched here",
+                detail,
+            )
         if stock.reduced:
             return NotNeeded(
                 "the DSpark draft worker already reduces its startup free-memory "
@@ -271,7 +296,7 @@ class StartupCaptureRepair(Repair):
                 "not one this repair can reach"
             )
         shape = stock.shape
-        if shape is None:
+        if shape != SHAPE_MODULE_NAME:
             raise DidNotEnable(
                 f"{adapter.WORKER}.{INIT_GRAPHS} reads free memory in a way this "
                 f"repair cannot redirect ({stock.describe()})"
@@ -286,19 +311,16 @@ class StartupCaptureRepair(Repair):
         self.shape = shape
         detail["shape"] = shape
         detail["repaired_reading"] = check.describe()
-        via = (
-            "SpecTpSync.available_memory_gb (DSPARK_MEM only)"
-            if shape == SHAPE_TP_SYNC
-            else f"{adapter.WORKER_MODULE.rpartition('.')[2]}.{adapter.MEMORY_HELPER}"
-        )
+        via = f"{adapter.WORKER_MODULE.rpartition('.')[2]}.{adapter.MEMORY_HELPER}"
         return Hook(
             target=STARTUP_TARGET,
             owner=cls,
             attr=INIT_GRAPHS,
             around=around,
             reason=(
-                f"{_WHY[shape]}; reducing it to the capture group's minimum at "
-                f"startup (via {via})"
+                "the draft CUDA-graph capture decision reads this rank's free memory "
+                "only; reducing it to the capture group's minimum at startup (via "
+                f"{via})"
             ),
             detail=detail,
         )
