@@ -40,9 +40,11 @@ from sglang_dspark_dp.adapter.draft import (
 )
 from sglang_dspark_dp.adapter.hooks import (
     apply_hooks,
+    forget_loaded_plugins,
     hook_registry,
     hooks_on,
     is_patched,
+    load_plugins,
     register_around,
     remove_hook,
 )
@@ -105,12 +107,14 @@ __all__ = [
     "draft_spec_info",
     "draft_width",
     "dspark_class",
+    "forget_loaded_plugins",
     "graph_runner",
     "hook_registry",
     "hooks_on",
     "hosts_draft",
     "injected_free_memory",
     "is_patched",
+    "load_plugins",
     "load_sglang_api",
     "load_sync_writer",
     "load_worker",

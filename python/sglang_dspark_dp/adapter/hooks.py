@@ -52,3 +52,26 @@ def remove_hook(target: str, hook: Any, owner: type, attr: str, original: Any) -
         registry.apply_hooks()
     else:
         registry._hooks.pop(target, None)
+
+
+#: SGLang's once-per-process flag of ``load_plugins()``.
+PLUGINS_MODULE = "sglang.srt.plugins"
+LOADED_FLAG = "_plugins_loaded"
+
+
+def load_plugins() -> None:
+    """SGLang's own ``load_plugins()`` (every installed plugin, then the
+    hooks applied), as a server process calls it."""
+    import importlib
+
+    importlib.import_module(PLUGINS_MODULE).load_plugins()
+
+
+def forget_loaded_plugins() -> None:
+    """Let ``load_plugins()`` run again in this process (a forked rank that
+    stands for a server process starting afresh)."""
+    import importlib
+
+    module = importlib.import_module(PLUGINS_MODULE)
+    if hasattr(module, LOADED_FLAG):
+        setattr(module, LOADED_FLAG, False)

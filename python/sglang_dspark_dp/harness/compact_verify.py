@@ -36,8 +36,9 @@ would show it as a rank error.
 
 The parent collects every rank's per-step record; every collective has a
 timeout and the parent kills whatever is left. ``fix=False`` runs stock
-SGLang (the verify-budget repair uninstrumented in every rank), ``fix=True``
-the repair instrumented in every rank with ``REPAIR.instrument(apply=True)``.
+SGLang (the verify-budget and relay-wait repairs uninstrumented in every
+rank), ``fix=True`` the repairs named in ``repairs`` (default both)
+instrumented in every rank with ``instrument(apply=True)``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ DRIFT = "drift"
 LATE = "late"
 SCENARIOS = (DRIFT, LATE)
 MODES = ("compact", "cap-accept")
+#: The repairs of the verify path: the budget (drift) and the relay (late).
+VERIFY_REPAIRS = ("verify-budget", "relay-wait")
 
 #: The verify broadcast as the referee saw it at one step.
 ALL_IN = "all"  # every rank entered it
@@ -101,6 +104,8 @@ class CompactConfig:
     #: Ranks whose verify-budget probe fails (an unexpected exception, as a
     #: transient condition would raise) while the others' succeed.
     probe_fails: tuple[int, ...] = ()
+    #: With ``fix``: the repairs instrumented (of :data:`VERIFY_REPAIRS`).
+    repairs: tuple[str, ...] = VERIFY_REPAIRS
 
     @property
     def verify_tokens(self) -> int:
@@ -176,6 +181,13 @@ class CompactConfig:
         if any(not is_int(r) or not 0 <= r < self.tp for r in fails):
             raise CannotRun(
                 f"probe_fails must name ranks 0-{self.tp - 1}, got {self.probe_fails!r}"
+            )
+        if isinstance(self.repairs, str) or any(
+            r not in VERIFY_REPAIRS for r in self.repairs
+        ):
+            raise CannotRun(
+                f"repairs must name repairs of {', '.join(VERIFY_REPAIRS)}, got "
+                f"{self.repairs!r}"
             )
 
 
@@ -472,6 +484,7 @@ def _rank_run(
     import torch
     import torch.distributed as dist
 
+    from sglang_dspark_dp import registry
     from sglang_dspark_dp.adapter import planner as sg_planner
     from sglang_dspark_dp.drivers import planner as standins
     from sglang_dspark_dp.srt.speculative.dspark_components import (
@@ -482,8 +495,9 @@ def _rank_run(
     module, cls = sg_planner.load_planner()
     repair = budget_repair.REPAIR
     # Whatever the parent had, each rank starts as a server process does:
-    # nothing hooked, then (fixed) its own probe.
-    repair.uninstrument()
+    # nothing hooked, then (fixed) its own probes.
+    for name in VERIFY_REPAIRS:
+        registry.repair(name).uninstrument()
     if cfg.fix:
         if rank in cfg.probe_fails:
 
@@ -491,9 +505,9 @@ def _rank_run(
                 raise RuntimeError(f"probe fault injected on rank {rank}")
 
             budget_repair.probe = failing_probe  # this rank's process only
-        status.update(repair.instrument(apply=True).as_dict())
-    else:
-        status.update(repair.status().as_dict())
+        for name in cfg.repairs:
+            registry.repair(name).instrument(apply=True)
+    status.update(repair.status().as_dict())
 
     dist.init_process_group(
         "gloo",
@@ -656,6 +670,9 @@ def run_compact_verify(cfg: CompactConfig) -> CompactResult:
     try:
         sg_planner.load_planner()  # imported here, so forked ranks start warm
         from sglang_dspark_dp.drivers import planner as _standins  # noqa: F401
+        from sglang_dspark_dp.srt.managers import (  # noqa: F401
+            overlap_utils as _relay_repair,
+        )
         from sglang_dspark_dp.srt.speculative.dspark_components import (  # noqa: F401
             dspark_planner as _repair,
         )

@@ -21,8 +21,12 @@ in:
 
 The parent collects one report per rank; every collective has a timeout and
 the parent kills whatever is left. ``fix=False`` runs stock SGLang (the
-startup-capture repair uninstrumented in every rank), ``fix=True`` the
-repair instrumented in every rank with ``REPAIR.instrument(apply=True)``.
+startup repairs, startup-capture and capture-group-memory, uninstrumented in
+every rank), ``fix=True`` the repairs instrumented in every rank, before the
+rank joins its group; with ``after_init`` the rank joins its group first and
+then loads the plugin the way a server does (SGLang's ``load_plugins()``),
+as an ``Engine`` built inside a job that already runs ``torch.distributed``
+would. Each rank reports every repair's status.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import datetime
 import functools
 import logging
 import os
+import sys
 import time
 from typing import Any
 
@@ -50,6 +55,9 @@ HUNG = "hung"
 ERROR = "error"
 
 SPEC_TP_SYNC_ENV = "SGLANG_SPEC_TP_SYNC"
+#: The repairs of the startup decision: by the worker module's name
+#: (0.5.16-0.5.18) and at SpecTpSync (0.5.19 on).
+STARTUP_REPAIRS = ("startup-capture", "capture-group-memory")
 
 #: ``(tp, dp)`` of the topologies ``verify`` runs: plain TP 2/4/8 and DP
 #: attention with attention TP 1 (the configuration of SGLang issue #39886).
@@ -77,9 +85,12 @@ class StartupConfig:
     barrier: bool = True
     spec_tp_sync: str | None = None
     port: int = 0
-    #: Ranks whose startup-capture probe fails (an unexpected exception, as
+    #: Ranks whose startup repairs' probes fail (an unexpected exception, as
     #: a transient condition would raise) while the others' succeed.
     probe_fails: tuple[int, ...] = ()
+    #: Join the group first, then load the plugin through SGLang's
+    #: ``load_plugins()`` (needs ``fix``).
+    after_init: bool = False
 
     @property
     def attn_tp(self) -> int:
@@ -147,6 +158,12 @@ class StartupConfig:
             raise CannotRun(
                 f"probe_fails must name ranks 0-{self.tp - 1}, got {self.probe_fails!r}"
             )
+        if self.after_init and (not self.fix or self.probe_fails):
+            raise CannotRun(
+                "after_init loads the plugin as a server does: it needs fix=True "
+                f"and no probe_fails, got fix={self.fix!r}, "
+                f"probe_fails={self.probe_fails!r}"
+            )
         if self.spec_tp_sync is not None and not isinstance(self.spec_tp_sync, str):
             raise CannotRun(
                 f"spec_tp_sync must be a string or None, got {self.spec_tp_sync!r}"
@@ -164,7 +181,7 @@ class RankOutcome:
     reduced: bool  # that figure was reduced over the capture group
     decision: str  # CAPTURED | SKIPPED | HUNG | ERROR
     detail: str = ""
-    repair: str = ""  # the startup-capture repair's outcome on this rank
+    repair: str = ""  # the acting startup repair's outcome on this rank
     #: Its folded-sampling decision (the installed one, where the release
     #: makes it from free memory; None: not made).
     folded: bool | None = None
@@ -204,7 +221,8 @@ def _ranks_text(ranks: list[int]) -> str:
 class StartupResult:
     config: StartupConfig
     sglang_version: str
-    #: The startup-capture repair's status in the ranks (``Status.as_dict()``).
+    #: The acting startup repair's status in the ranks (``Status.as_dict()``):
+    #: the one enabled, else startup-capture's.
     repair: dict[str, Any]
     ranks: tuple[RankOutcome, ...]
     seconds: float
@@ -370,30 +388,32 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp import adapter, registry
     from sglang_dspark_dp.drivers import worker as standins
-    from sglang_dspark_dp.srt.speculative.dspark_components import (
-        dspark_worker_v2 as startup_repair,
-    )
 
     torch.set_num_threads(1)
     module, cls = adapter.load_worker()
     # The stock warning of a rank that skips capture is the decision this
     # harness reports; keep it out of the output.
     logging.getLogger(module.__name__).setLevel(logging.ERROR)
-    repair = startup_repair.REPAIR
-    if cfg.fix:
-        if rank in cfg.probe_fails:
+    repairs = [registry.repair(name) for name in STARTUP_REPAIRS]
+    if cfg.after_init:
+        registry.uninstrument()  # whatever the parent held: a server's start
+        adapter.forget_loaded_plugins()
+    elif cfg.fix:
+        for repair in repairs:
+            if rank in cfg.probe_fails:
 
-            def failing_probe(*args: Any, **kwargs: Any) -> Any:
-                raise RuntimeError(f"probe fault injected on rank {rank}")
+                def failing_probe(*args: Any, **kwargs: Any) -> Any:
+                    raise RuntimeError(f"probe fault injected on rank {rank}")
 
-            startup_repair.probe = failing_probe  # this rank's process only
-            repair.uninstrument()  # a fresh probe, whatever the parent held
-        status = repair.instrument(apply=True)
+                # This rank's process only.
+                sys.modules[type(repair).__module__].probe = failing_probe
+                repair.uninstrument()  # a fresh probe, whatever the parent held
+            repair.instrument(apply=True)
     else:
-        repair.uninstrument()
-        status = repair.status()
+        for repair in repairs:
+            repair.uninstrument()
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -401,6 +421,10 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
         world_size=cfg.tp,
         timeout=datetime.timedelta(seconds=cfg.timeout_s),
     )
+    if cfg.after_init:
+        adapter.load_plugins()
+    statuses = [r.status() for r in repairs]
+    status = next((st for st in statuses if st.enabled), statuses[0])
     capture, dp_tp = _groups(dist, rank, cfg)
     told: list[bool] = []
     in_barrier: list[bool] = []
@@ -456,6 +480,10 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
         ),
         "folded": worker.folded,
         "status": status.as_dict(),
+        "statuses": [
+            {"repair": st.repair, "outcome": st.outcome.value, "reason": st.reason}
+            for st in registry.status()
+        ],
     }
 
 
