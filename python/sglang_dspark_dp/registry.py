@@ -101,6 +101,14 @@ class Repair:
         """Probe the installed SGLang; raise DidNotEnable if it cannot."""
         raise NotImplementedError
 
+    def stock_verdicts(self) -> tuple[Any, ...]:
+        """Probe the installed SGLang as it stands without this repair's
+        hook and say what it found of the changes this repair stands in for
+        (:class:`sglang_dspark_dp.upstream.Verdict`; empty where another
+        repair judges them on this release). Raises DidNotEnable where it
+        cannot probe. ``judge`` asks every repair, with the plugin off."""
+        raise NotImplementedError
+
     def agreement_hook(self, why: str) -> Hook | None:
         """For a repair whose hook enters a collective: the hook to register
         when this rank's probe failed for a reason other ranks may not share

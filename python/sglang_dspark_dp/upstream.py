@@ -163,7 +163,9 @@ def resolve(names: str, groups: dict[str, tuple[str, ...]] | None = None) -> lis
             if key not in out:
                 out.append(key)
     if unknown or not out:
-        known = ", ".join(f"{c.key} ({c.label})" for c in CHANGES)
+        known = ", ".join(
+            c.key if c.label == c.key else f"{c.key} ({c.label})" for c in CHANGES
+        )
         raise ValueError(
             f"unknown change {', '.join(repr(u) for u in unknown) or repr(names)}; "
             f"known: {known}"

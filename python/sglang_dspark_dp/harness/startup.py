@@ -185,6 +185,8 @@ class RankOutcome:
     #: Its folded-sampling decision (the installed one, where the release
     #: makes it from free memory; None: not made).
     folded: bool | None = None
+    #: Every repair's ``{repair, outcome, reason}`` on this rank.
+    statuses: tuple[dict[str, str], ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -532,6 +534,7 @@ def run_startup(cfg: StartupConfig) -> StartupResult:
                 detail=report.get("detail", ""),
                 repair=report.get("status", {}).get("outcome", ""),
                 folded=report.get("folded"),
+                statuses=tuple(report.get("statuses", ())),
             )
         )
     status = next(

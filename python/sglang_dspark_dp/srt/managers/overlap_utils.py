@@ -165,6 +165,9 @@ class RelayWaitRepair(Repair):
         super().__init__()
         self.probe_result: ProbeResult | None = None
 
+    def stock_verdicts(self) -> tuple[Verdict, ...]:
+        return verdicts(probe())
+
     def setup_once(self) -> Hook | NotNeeded:
         hook_registry()  # DidNotEnable without SGLang's plugin API
         _module, cls = sg_planner.load_relay()

@@ -140,6 +140,9 @@ class NonOverlapEntryRepair(Repair):
         super().__init__()
         self.probe_result: ProbeResult | None = None
 
+    def stock_verdicts(self) -> tuple[Verdict, ...]:
+        return verdicts(probe())
+
     def setup_once(self) -> Hook | NotNeeded:
         adapter.hook_registry()  # DidNotEnable without SGLang's plugin API
         _, worker_cls = adapter.load_worker()

@@ -209,6 +209,12 @@ class CaptureGroupMemoryRepair(Repair):
             adapter.load_worker()  # no DSpark at all: not applicable
             return None
 
+    def stock_verdicts(self) -> tuple[Verdict, ...]:
+        target = self._target()
+        if target is None:  # startup-capture judges #39954 there
+            return ()
+        return verdicts(probe(*target))
+
     def setup_once(self) -> Hook | NotNeeded:
         adapter.hook_registry()  # DidNotEnable without SGLang's plugin API
         target = self._target()

@@ -413,6 +413,9 @@ class DraftBatchRepair(Repair):
             self._guard = guard
         return super().instrument(apply=apply)
 
+    def stock_verdicts(self) -> tuple[Verdict, ...]:
+        return verdicts(probe())
+
     def setup_once(self) -> Hook | NotNeeded:
         adapter.hook_registry()  # DidNotEnable without SGLang's plugin API
         api = adapter.load_sglang_api()

@@ -386,6 +386,10 @@ class VerifyBudgetRepair(Repair):
             )
         return module, cls, shape
 
+    def stock_verdicts(self) -> tuple[Verdict, ...]:
+        module, cls, _shape = self._target()
+        return verdicts(probe(module, cls))
+
     def setup_once(self) -> Hook | NotNeeded:
         module, cls, shape = self._target()
         stock = probe(module, cls)

@@ -265,6 +265,10 @@ class StartupCaptureRepair(Repair):
         self.probe_result: ProbeResult | None = None
         self.shape: str | None = None
 
+    def stock_verdicts(self) -> tuple[Verdict, ...]:
+        module, cls = adapter.load_worker()
+        return verdicts(probe(module, cls))
+
     def setup_once(self) -> Hook | NotNeeded:
         module, cls = adapter.load_worker()
         adapter.hook_registry()  # DidNotEnable without SGLang's plugin API

@@ -1,0 +1,351 @@
+"""``verify``: the main job. Simulated ranks (one process each, gloo over
+loopback) drive the installed DSpark code and must take the same decisions:
+the plugin loaded after ``torch.distributed`` is up, the startup capture
+decision, the non-overlap entry, compact verify, and the draft batch under
+request churn. Exit 0 when every phase agrees, 1 on a disagreement, a hang
+or a crash, 2 when it cannot run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sglang_dspark_dp.cli.common import (
+    EXIT_CANNOT,
+    EXIT_FAIL,
+    EXIT_OK,
+    err,
+    int_arg,
+    quiet_sglang,
+    seconds_arg,
+)
+
+
+class _Progress:
+    """Progress of the decode steps on stderr (tqdm draws it; off with
+    ``--no-progress``)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._bar = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total <= 0:
+            return
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=total,
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                mininterval=0.5 if sys.stderr.isatty() else 10.0,
+            )
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _tier_rank(tier: str) -> tuple[int, str]:
+    head = tier.split()[0].lstrip(">").split("-")[0]
+    return (int(head) if head.isdigit() else 10**6, tier)
+
+
+def render_tiers(result) -> str:
+    lines = []
+    dp = result.config.dp
+    for ep, counter in result.tiers.items():
+        lines.append(f"EP {ep} ({'on' if ep > 1 else 'off'}), {dp} DP ranks:")
+        header = (
+            "graph-size tier",
+            "ranks idle/busy",
+            "admitted/eager",
+            "ranks agree",
+            "steps",
+        )
+        rows = []
+        for (tier, idle, mode, agree), n in sorted(
+            counter.items(), key=lambda kv: (_tier_rank(kv[0][0]), kv[0][1], kv[0][2])
+        ):
+            rows.append((tier, f"{idle}/{dp - idle}", mode, agree, str(n)))
+        widths = [
+            max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+            for i, h in enumerate(header)
+        ]
+        fmt = "  " + "  ".join(f"{{:<{w}}}" for w in widths)
+        lines.append(fmt.format(*header).rstrip())
+        lines.append("  " + "  ".join("-" * w for w in widths))
+        lines.extend(fmt.format(*r).rstrip() for r in rows)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _process_state_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
+    """The plugin loaded after ``torch.distributed`` is up, in ``--dp``
+    ranks under DP attention: the same verdicts as a fresh process, and the
+    startup decision still agreed."""
+    from sglang_dspark_dp.harness import process_state
+    from sglang_dspark_dp.harness.lockstep import CannotRun
+
+    if args.no_fix:
+        return EXIT_OK, ["process-state: skipped (--no-fix: the plugin is off)"]
+    try:
+        result = process_state.run(dp=args.dp, timeout_s=args.timeout)
+    except CannotRun as exc:
+        return EXIT_CANNOT, [f"process-state: cannot run: {exc}"]
+    lines = [f"process-state: {result.summary()}"]
+    lines.extend(f"  {d}" for d in result.differences[1:])
+    return (EXIT_OK if result.ok else EXIT_FAIL), lines
+
+
+def _startup_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
+    """Every rank's draft CUDA-graph capture decision at startup, plain TP
+    and DP attention of ``--dp`` ranks, one rank short of memory. Returns
+    the exit status it asks for and its summary lines."""
+    from sglang_dspark_dp.harness import startup
+
+    topologies = ((args.dp, 1), (args.dp, args.dp))
+    try:
+        results = startup.run_matrix(
+            fix=not args.no_fix, topologies=topologies, timeout_s=args.timeout
+        )
+    except startup.CannotRun as exc:
+        return EXIT_CANNOT, [f"startup: cannot run: {exc}"]
+    lines = [f"startup: {r.summary()}" for r in results]
+    bad = [r for r in results if not r.correct]
+    if not bad:
+        return EXIT_OK, lines
+    for r in bad:
+        readings = ", ".join(
+            f"rank {x.rank} had {x.free_gib:.2f} GiB, read "
+            + ("nothing" if x.read_gib is None else f"{x.read_gib:.2f} GiB")
+            + f", {x.decision}"
+            for x in r.ranks
+        )
+        lines.append(f"  readings ({r.config.describe()}): {readings}")
+    return EXIT_FAIL, lines
+
+
+def _non_overlap_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
+    """One prefill and one decode step through the installed scheduler with
+    the overlap schedule off, to the DSpark worker; stock or repaired."""
+    from sglang_dspark_dp.outcome import DidNotEnable
+    from sglang_dspark_dp.srt.managers import scheduler as entry
+
+    repair = entry.REPAIR
+    if args.no_fix:
+        repair.uninstrument()
+    else:
+        repair.instrument(apply=True)
+    try:
+        result = entry.probe()
+    except DidNotEnable as exc:
+        return EXIT_CANNOT, [f"non-overlap: cannot run: {exc}"]
+    how = "stock SGLang" if args.no_fix else "plugin on"
+    if result.reaches:
+        return EXIT_OK, [
+            "non-overlap: with --disable-overlap-schedule, prefill and decode "
+            f"steps reach DSparkWorkerV2.forward_batch_generation ({how})"
+        ]
+    return EXIT_FAIL, [
+        "non-overlap: with --disable-overlap-schedule every step crashes: "
+        f"{result.describe()} ({how}; SGLang #39262)"
+    ]
+
+
+def _compact_verify_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
+    """The verify graph tier of a budget-scheduling ragged verify mode on
+    ``--dp`` plain-TP ranks (gloo, the installed planner): confidence drift
+    and a late confidence relay, stock or repaired."""
+    from sglang_dspark_dp.harness import compact_verify
+
+    try:
+        results = compact_verify.run_scenarios(
+            fix=not args.no_fix,
+            tp=min(args.dp, compact_verify.MAX_WORLD),
+            steps=min(args.steps, 40),
+            seed=args.seed,
+            timeout_s=args.timeout,
+        )
+    except compact_verify.CannotRun as exc:
+        return EXIT_CANNOT, [f"compact-verify: cannot run: {exc}"]
+    lines = [f"compact-verify: {r.summary()}" for r in results]
+    return (EXIT_OK if all(r.agree for r in results) else EXIT_FAIL), lines
+
+
+#: The phases before the decode phase: name, runner, what a failure means.
+_PHASES = (
+    (
+        "process-state",
+        _process_state_phase,
+        "the plugin decides differently, or the ranks' startup decisions diverge, "
+        "when it loads after torch.distributed is up (see the process-state line "
+        "above)",
+    ),
+    (
+        "startup",
+        _startup_phase,
+        "the ranks' startup capture decisions diverge (see the startup lines above)",
+    ),
+    (
+        "non-overlap",
+        _non_overlap_phase,
+        "with --disable-overlap-schedule the scheduler's call to the DSpark worker "
+        "raises (see the non-overlap line above)",
+    ),
+    (
+        "compact-verify",
+        _compact_verify_phase,
+        "the ranks' compact-verify graph tiers diverge (see the compact-verify "
+        "lines above)",
+    ),
+)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    quiet_sglang()
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.outcome import DidNotEnable
+
+    try:
+        adapter.load_sglang_api()  # no DSpark: one line, exit 2, first
+    except DidNotEnable as exc:
+        err(f"cannot run: {exc}")
+        return EXIT_CANNOT
+    failed: list[str] = []
+    for name, phase, meaning in _PHASES:
+        if name == "startup":
+            if args.no_startup:
+                continue
+            print(
+                f"verify: startup: draft CUDA-graph capture decision of {args.dp} "
+                "simulated ranks (gloo, CPU), plain TP and DP attention, one rank "
+                f"short of memory, {'stock SGLang' if args.no_fix else 'plugin on'}",
+                flush=True,
+            )
+        status, lines = phase(args)
+        for line in lines:
+            print(line, flush=True)
+        if status == EXIT_CANNOT:
+            err(lines[-1])
+            return EXIT_CANNOT
+        if status != EXIT_OK:
+            failed.append(meaning)
+    status = _decode_phase(args)
+    if status == EXIT_CANNOT:
+        return status
+    for meaning in failed:
+        print(f"verify: FAILED: {meaning}")
+        status = EXIT_FAIL
+    return status
+
+
+def _decode_phase(args: argparse.Namespace) -> int:
+    from sglang_dspark_dp.expectations import KNOWN_CRASH
+    from sglang_dspark_dp.harness import lockstep
+
+    ep_sizes = (args.dp,) if args.ep else (1, args.dp)
+    cfg = lockstep.RunConfig(
+        dp=args.dp,
+        ep_sizes=ep_sizes,
+        steps=args.steps,
+        seed=args.seed,
+        fix=not args.no_fix,
+        port=args.port,
+        timeout_s=args.timeout,
+    )
+    bar = _Progress(enabled=not args.no_progress)
+    print(
+        f"verify: {cfg.dp} simulated DP ranks (gloo, CPU), {cfg.steps} decode steps "
+        f"per EP tier, EP {' and '.join(map(str, ep_sizes))}, seed {cfg.seed}, "
+        f"{'stock SGLang (--no-fix)' if args.no_fix else 'plugin on'}",
+        flush=True,
+    )
+    try:
+        result = lockstep.run(cfg, on_progress=bar)
+    except lockstep.CannotRun as exc:
+        bar.close()
+        err(f"cannot run: {exc}")
+        return EXIT_CANNOT
+    except KeyboardInterrupt:
+        bar.close()
+        err("interrupted")
+        return EXIT_CANNOT
+    bar.close()
+    print()
+    print(render_tiers(result))
+    done = sum(result.steps_done.values())
+    head = (
+        f"sglang {result.sglang_version}, plugin {result.plugin}; sync sizes "
+        f"written by {result.sync_writer}"
+    )
+    if result.failure is None:
+        print(
+            f"verify: OK: {cfg.dp} DP ranks agreed on admission, graph size, padded "
+            f"tokens and EP accounting at all {done} steps ({head}, "
+            f"{result.seconds:.0f} s)"
+        )
+        return EXIT_OK
+    f = result.failure
+    if f.kind == "crash" and KNOWN_CRASH in f.detail:
+        print(
+            "verify: FAILED: stock DSpark crashes under DP attention: its hand-built "
+            "draft batch has no original_global_num_tokens_cpu, so "
+            "DecodeCudaGraphRunner.can_run_graph fails with "
+            f'"TypeError: {KNOWN_CRASH}" '
+            f"(step {f.step}, EP {f.ep}, DP rank {f.rank}; {head}). "
+            "Install or enable the plugin to repair it."
+        )
+    else:
+        print(f"verify: FAILED: {f.render()} ({head}; {done} steps passed before it)")
+    return EXIT_FAIL
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    v = sub.add_parser("verify", help="simulate DP ranks and check lockstep (main job)")
+    v.add_argument(
+        "--dp",
+        type=int_arg("--dp", 2, 16),
+        default=4,
+        help="simulated DP ranks, 2-16 (default 4)",
+    )
+    v.add_argument(
+        "--ep",
+        action="store_true",
+        help="EP on only (EP size = --dp); default: EP off, then on",
+    )
+    v.add_argument(
+        "--steps",
+        type=int_arg("--steps", 1),
+        default=2000,
+        help="decode steps per EP tier (default 2000)",
+    )
+    v.add_argument("--seed", type=int_arg("--seed", 0), default=0)
+    v.add_argument(
+        "--no-fix",
+        action="store_true",
+        help="run stock SGLang (shows the upstream crash on affected releases)",
+    )
+    v.add_argument(
+        "--port",
+        type=int_arg("--port", 0, 65535),
+        default=0,
+        help="loopback port for the gloo group (default: a free one)",
+    )
+    v.add_argument(
+        "--timeout",
+        type=seconds_arg("--timeout"),
+        default=60.0,
+        help="seconds any collective may wait (default 60)",
+    )
+    v.add_argument("--no-progress", action="store_true")
+    v.add_argument(
+        "--no-startup",
+        action="store_true",
+        help="skip the startup phase (the draft CUDA-graph capture decision)",
+    )
+    v.set_defaults(func=cmd_verify)
