@@ -1,11 +1,14 @@
-"""The compatibility table: one measured row per SGLang release.
+"""The compatibility table: one measured row per SGLang release, in upstream
+changes.
 
 ``python scripts/compat.py row --out compat [--junit JUNIT]`` runs, in this
 Python (a venv with one SGLang release and the plugin installed), what a
-user would: ``sglang-dspark-dp doctor --json``, then a short ``verify`` with
-``--no-fix`` (stock) and without (plugin on), both phases (startup capture
-decision, decode lockstep). With ``--junit`` it also records that release's
-suite result. It writes ``compat/<version>.json``.
+user and a maintainer would: ``sglang-dspark-dp judge --json`` (the build
+alone, plugin off: each upstream change in it, not in it, or not affecting
+it), ``doctor --json`` (which repair stands in for what), then a short
+``verify`` with ``--no-fix`` (stock) and without (plugin on), every phase.
+With ``--junit`` it also records that release's suite result. It writes
+``compat/<version>.json``.
 
 ``python scripts/compat.py table --rows compat --out COMPATIBILITY.md``
 renders every row there into the table the README links to. ``nox -s
@@ -23,6 +26,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 VERIFY = ["verify", "--steps", "200", "--dp", "2", "--no-progress"]
+JUDGE = ["judge", "--json", "--steps", "40"]
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:
@@ -92,13 +96,22 @@ def cmd_row(args: argparse.Namespace) -> int:
         print(doctor.stdout + doctor.stderr, file=sys.stderr)
         return 2
     version = report.get("sglang_version") or "unknown"
+    judge = _cli(*JUDGE)
+    try:
+        verdicts = json.loads(judge.stdout)
+    except json.JSONDecodeError:
+        print(judge.stdout + judge.stderr, file=sys.stderr)
+        return 2
     row = {
         "sglang": version,
         "date": datetime.date.today().isoformat(),
         "commit": _commit(),
         "python": sys.version.split()[0],
         "doctor_exit": doctor.returncode,
+        "judge_exit": judge.returncode,
+        "judge": verdicts,
         "missing_fields": report.get("missing_fields"),
+        "changes": report.get("changes", []),
         "repairs": [
             {
                 "repair": r["repair"],
@@ -124,72 +137,28 @@ def _version_key(v: str) -> tuple:
     return tuple(int(p) if p.isdigit() else 0 for p in v.split("."))
 
 
-def _draft_cell(row: dict) -> str:
-    missing = row.get("missing_fields") or {}
-    dp = missing.get("dp_attention_path") or []
-    tp = missing.get("attention_tp_path") or []
-    blocks = next(
-        (
-            r["detail"].get("stock_dp_fill_blocks")
-            for r in row["repairs"]
-            if r["repair"] == "draft-batch"
-        ),
-        None,
+def _change_cell(row: dict, key: str) -> str:
+    """What ``judge`` found of one change (plugin off) and, where the build
+    lacks it, the repair that stands in for it (``doctor``)."""
+    verdict = next((v for v in row.get("judge", []) if v["change"] == key), None)
+    if verdict is None:
+        return "-"
+    state = verdict["state"]
+    if state == "in this build":
+        return "in"
+    if state == "not affected":
+        return "not affected"
+    repair = next(
+        (c["repair"] for c in row.get("changes", []) if c["change"] == key), "-"
     )
-    parts = []
-    if dp:
-        parts.append("DP path misses " + ", ".join(f"`{f}`" for f in dp))
-    if tp:
-        parts.append("TP path misses " + ", ".join(f"`{f}`" for f in tp))
-    if blocks:
-        parts.append("DP fill waits for the GPU")
-    return "; ".join(parts) or "complete"
+    return f"**not in**: {repair}"
 
 
-def _startup_cell(result: dict) -> str:
-    cells = []
-    for line in result["startup"]:
-        where = line.split(",")[0] if "DP attention" not in line else "DP attention"
-        if "hang" in line:
-            cells.append(f"{where}: hang")
-        elif "disagree" in line:
-            cells.append(f"{where}: ranks disagree")
-        else:
-            cells.append(f"{where}: agree")
-    return "; ".join(cells) or "-"
-
-
-def _decode_cell(result: dict) -> str:
-    for line in result["verdict"]:
-        if "crashes under DP attention" in line:
-            return "crash (`TypeError`)"
-        if line.startswith("verify: OK"):
-            return "lockstep"
-        if "FAILED" in line and "startup" not in line:
-            return "disagree"
-    return "lockstep" if result["exit"] == 0 else "-"
-
-
-def _phase_text(result: dict) -> str:
-    """The phase lines and the verdicts (rows written before the phase lines
-    were recorded carry only the verdicts)."""
-    return " ".join(result.get("phases", []) + result["verdict"])
-
-
-def _entry_cell(result: dict) -> str:
-    text = _phase_text(result)
-    if "every step crashes" in text or "to the DSpark worker raises" in text:
-        return "every step raises `TypeError`"
-    return "reaches the worker"
-
-
-def _tier_cell(result: dict) -> str:
-    # One line must say both: another phase's "diverge" (the startup
-    # verdict) is not the compact-verify tier's.
-    lines = result.get("phases", []) + result["verdict"]
-    if any("compact-verify" in x and "diverge" in x for x in lines):
-        return "tiers diverge; a late rank left out"
-    return "agree"
+def _verify_cell(result: dict) -> str:
+    if result["exit"] == 0:
+        return "exit 0: every phase agrees"
+    failed = [x for x in result["verdict"] if "FAILED" in x]
+    return f"exit {result['exit']}: " + ("; ".join(failed) or "-")
 
 
 def _repairs_cell(row: dict) -> str:
@@ -209,61 +178,67 @@ def _suite_cell(row: dict) -> str:
 
 
 def render(rows: list[dict]) -> str:
+    from sglang_dspark_dp import upstream
+
     head = [
         "# Compatibility",
         "",
         "One measured row per SGLang release with DSpark, regenerated by "
-        "`nox -s compat` (`scripts/compat.py`): what the plugin's probes found "
-        "in the stock release, what each repair did, what a short "
+        "`nox -s compat` (`scripts/compat.py`), in upstream changes: whether "
+        "the release carries each one, judged by behaviour with the plugin off "
+        "(`sglang-dspark-dp judge`), and where it does not, which repair of "
+        "the plugin stands in for it (`doctor`); then what a short "
         "`sglang-dspark-dp verify` (2 simulated ranks, one of them short of "
         "memory at startup; 200 decode steps per EP tier) shows without and "
         "with the plugin, and the release's test suite. Nothing here is "
         "written by hand.",
         "",
-        "| SGLang | stock draft batch (probe) | repairs (`doctor`) | `verify "
-        "--no-fix`: exit | `verify --no-fix`: "
-        "startup | `verify --no-fix`: non-overlap | `verify --no-fix`: compact "
-        "verify | `verify --no-fix`: decode | `verify` (plugin) | suite | "
-        "measured (commit) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| SGLang | "
+        + " | ".join(c.label for c in upstream.CHANGES)
+        + " | repairs (`doctor`) | `verify --no-fix` | `verify` (plugin) | suite "
+        "| measured (commit) |",
+        "|---|" + "---|" * (len(upstream.CHANGES) + 5),
     ]
     body = []
     for row in sorted(rows, key=lambda r: _version_key(r["sglang"])):
-        stock, fixed = row["verify_stock"], row["verify_plugin"]
-        plugin = f"exit {fixed['exit']}: " + (
-            "every phase agrees" if fixed["exit"] == 0 else "; ".join(fixed["verdict"])
-        )
         body.append(
             "| "
             + " | ".join(
                 [
                     row["sglang"],
-                    _draft_cell(row),
+                    *(_change_cell(row, c.key) for c in upstream.CHANGES),
                     f"{_repairs_cell(row)} (exit {row['doctor_exit']})",
-                    str(stock["exit"]),
-                    _startup_cell(stock),
-                    _entry_cell(stock),
-                    _tier_cell(stock),
-                    _decode_cell(stock),
-                    plugin,
+                    _verify_cell(row["verify_stock"]),
+                    _verify_cell(row["verify_plugin"]),
                     _suite_cell(row),
                     f"{row['date']} (`{row.get('commit', 'unknown')}`)",
                 ]
             )
             + " |"
         )
+    changes = [
+        f"- `{c.label}`"
+        + ("" if c.label == c.key else f" ({c.key})")
+        + f": {c.summary}; "
+        + (f"first in {c.first_release}" if c.first_release else "in no release yet")
+        + "."
+        for c in upstream.CHANGES
+    ]
     notes = [
         "",
-        "Reading a row: `startup` is the draft CUDA-graph capture decision "
-        "under plain TP and under DP attention (attention TP 1); `hang` means "
-        "the ranks that captured waited at the capture barrier for a rank "
-        "that skipped. `non-overlap` is one prefill and one decode step "
-        "through the installed scheduler with `--disable-overlap-schedule`. "
-        "`compact verify` is the verify graph tier of 2 plain-TP ranks with "
-        "drifting or late confidences. `decode` is the DP-attention lockstep "
-        "of the draft batch's control-plane decisions. `verify` with the "
-        "plugin runs the same phases. Each row's JSON (every line `verify` "
-        "printed, each repair's reason) is in `compat/`.",
+        "The changes (`sglang_dspark_dp/upstream.py`):",
+        "",
+        *changes,
+        "",
+        "Reading a row: `in` means the build carries the change, `not affected` "
+        "that the code it fixes is absent, `not in` that its defect is there "
+        "(named with the repair that stands in for it). `verify` runs the "
+        "process-state phase (the plugin loaded after torch.distributed init), "
+        "the startup capture decision under plain TP and DP attention, the "
+        "non-overlap entry, compact verify (drift and a late relay) and the "
+        "draft batch's DP-attention lockstep; `--no-fix` runs them on stock "
+        "SGLang. Each row's JSON (every verdict with its evidence, every line "
+        "`verify` printed, each repair's reason) is in `compat/`.",
         "",
     ]
     return "\n".join(head + body + notes)

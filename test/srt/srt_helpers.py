@@ -96,3 +96,27 @@ def restored(repair):
 
 #: One line per soak run, printed at the end of the pytest session.
 SOAK_SUMMARIES: list[str] = []
+
+
+def enabled_or_skip(repair, version: str):
+    """Instrument ``repair`` and return its status: a test of the repaired
+    behaviour needs it enabled. Where ``known_releases`` says the release
+    needs it, anything else fails (a repair that switched itself off is a
+    failure, not a skip); where the release does not need it, the test has
+    nothing to check and skips, saying so."""
+    import pytest
+    from known_releases import backport_fixes, needs
+
+    status = repair.instrument(apply=True)
+    wanted = needs(version)
+    if wanted is None:
+        pytest.fail(f"sglang {version} has no row in known_releases.py")
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    if wanted[repair.name]:
+        if not status.enabled:
+            pytest.fail(
+                f"{repair.name} must be enabled on sglang {version}: {status.line()}"
+            )
+        return status
+    pytest.skip(f"sglang {version} does not need {repair.name}: {status.line()}")

@@ -4,8 +4,10 @@ tier and all enter the ``verify_lens`` broadcast.
 
 The gloo runs drive the installed ``DSparkVerifyPlanner`` in one process
 per rank (:mod:`sglang_dspark_dp.harness.compact_verify`): confidence drift
-on the non-overlap path, a late confidence relay on the overlap path. The
-other tests drive the probe and the hook in this process.
+on the non-overlap path, a late confidence relay on the overlap path (with
+both verify repairs, and with the budget broadcast alone, which still
+carries a late rank's missing budget). The other tests drive the probe and
+the hook in this process.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from srt_helpers import no_children_left, restored
 
 from sglang_dspark_dp import adapter
 from sglang_dspark_dp.adapter import planner as sg_planner
+from sglang_dspark_dp.consensus import GroupVerdict
 from sglang_dspark_dp.drivers import planner as standins
 from sglang_dspark_dp.harness import compact_verify as cv
 from sglang_dspark_dp.outcome import Outcome
@@ -131,10 +134,22 @@ def test_repaired_late_rank_enters_the_broadcast(late_runs):
         assert s.budgets[0] == s.budgets[1] is not None
 
 
+def test_budget_broadcast_alone_carries_a_late_rank(planner_cls):
+    """Without the relay's wait, the budget broadcast still brings a late
+    rank the first rank's budget: every rank enters verify_lens."""
+    result = run(scenario=cv.LATE, fix=True, repairs=("verify-budget",))
+    assert result.agree, result.summary()
+    assert result.late_steps
+    for s in result.late_steps:
+        assert s.broadcast == cv.ALL_IN
+        assert s.budgets[0] == s.budgets[1] is not None
+
+
 def test_repaired_late_source_leaves_every_rank_without_a_budget(planner_cls):
-    """The first rank late: its None reaches every rank, none broadcasts
-    verify_lens, all take the uniform layout together."""
-    result = run(scenario=cv.LATE, fix=True, late_rank=0)
+    """The first rank late (and no relay wait): its None reaches every
+    rank, none broadcasts verify_lens, all take the uniform layout
+    together."""
+    result = run(scenario=cv.LATE, fix=True, late_rank=0, repairs=("verify-budget",))
     assert result.agree, result.summary()
     assert result.late_steps
     for s in result.late_steps:
@@ -159,7 +174,9 @@ def test_a_rank_whose_probe_fails_brings_its_group_to_stock_not_to_a_hang(
     exception) while the other's succeeds. The ranks agree before the
     first broadcast: both run stock, neither waits in a broadcast the other
     never enters."""
-    result = run(scenario=cv.LATE, fix=True, probe_fails=(1,))
+    result = run(
+        scenario=cv.LATE, fix=True, probe_fails=(1,), repairs=("verify-budget",)
+    )
     assert [r["outcome"] for r in result.repairs] == ["enabled", "not applicable"]
     assert "probe fault injected on rank 1" in result.repairs[1]["reason"]
     stock = late_runs[False]
@@ -191,9 +208,8 @@ def test_probe_finds_rank_local_budgets(
         restore_repair.uninstrument()
     result = dspark_planner.probe(module, cls)
     stock_is_wrong(sglang_version)
-    assert result.tier_local and result.late_left_out and not result.agrees
+    assert result.tier_local and not result.agrees
     assert result.tiers[0] != result.tiers[1] == result.own_tier
-    assert result.late_calls == (1, 0) and result.late_budgets[1] is None
     expected = (
         sg_planner.SHAPE_FUNCTION
         if hasattr(module, sg_planner.GROUP_FUNCTION)
@@ -211,7 +227,7 @@ def test_status_line(planner_cls, sglang_version, restore_repair):
     assert line.startswith(
         f"sglang-dspark-dp: verify-budget: enabled on sglang {sglang_version}"
     )
-    assert "own budget" in line and "verify_lens broadcast" in line
+    assert "own budget" in line and "#31195 not in this build" in line
     assert "\n" not in line
     assert status.detail["repaired"].startswith("both ranks on graph tier")
 
@@ -272,7 +288,10 @@ def test_hook_exchanges_only_where_a_budget_is_scheduled_on_many_ranks(
     planner, swaps = _planner(module, cls, mode=mode, flat=flat, world=world)
     recorder = _Recorder()
     around = dspark_planner.make_around(
-        module, sg_planner.group_shape(module), dspark_planner._LocalVerdict(), recorder
+        module,
+        sg_planner.group_shape(module),
+        GroupVerdict(REPAIR.name, True),
+        recorder,
     )
 
     def original(p, **kw):

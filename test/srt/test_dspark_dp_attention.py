@@ -15,6 +15,7 @@ import re
 import pytest
 import torch
 from known_releases import known as known_release
+from known_releases import skip_unless_carried
 
 from sglang_dspark_dp import adapter
 from sglang_dspark_dp.adapter import parallel_override
@@ -139,7 +140,10 @@ def check_step(api, plugin, drivers, counts, *, ep: int, graph_ok: bool = True):
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("ep_name", list(EP))
 @pytest.mark.parametrize("dp", DP_SIZES)
-def test_dp_lockstep_every_capture_size(api, plugin, dp, ep_name, size):
+def test_dp_lockstep_every_capture_size(
+    api, plugin, dp, ep_name, size, sglang_version
+):
+    skip_unless_carried(sglang_version, "dp")
     ep = EP[ep_name] or dp
     drivers = make_drivers(api, plugin, dp=dp, ep=ep)
     for pattern in ("mixed", "busy"):
@@ -147,7 +151,8 @@ def test_dp_lockstep_every_capture_size(api, plugin, dp, ep_name, size):
 
 
 @pytest.mark.parametrize("dp", DP_SIZES)
-def test_all_idle_and_single_busy_steps(api, plugin, dp):
+def test_all_idle_and_single_busy_steps(api, plugin, dp, sglang_version):
+    skip_unless_carried(sglang_version, "dp")
     ep = dp
     drivers = make_drivers(api, plugin, dp=dp, ep=ep)
     check_step(api, plugin, drivers, [0] * dp, ep=ep)
@@ -160,7 +165,8 @@ def test_all_idle_and_single_busy_steps(api, plugin, dp):
     check_step(api, plugin, drivers, [0] * dp, ep=ep)
 
 
-def test_dp_graph_vetoed_by_scheduler_is_eager_everywhere(api, plugin):
+def test_dp_graph_vetoed_by_scheduler_is_eager_everywhere(api, plugin, sglang_version):
+    skip_unless_carried(sglang_version, "dp")
     dp = 4
     drivers = make_drivers(api, plugin, dp=dp, ep=dp)
     seen = []
@@ -171,9 +177,12 @@ def test_dp_graph_vetoed_by_scheduler_is_eager_everywhere(api, plugin):
 
 
 @pytest.mark.parametrize("attn_tp", (2, 4))
-def test_attention_tp_without_dp_attention_with_ep(api, plugin, attn_tp):
+def test_attention_tp_without_dp_attention_with_ep(
+    api, plugin, attn_tp, sglang_version
+):
     """``--tp N --ep N`` without DP attention: the proposer skips the DP
     fill, yet the EP MoE still needs the non-padded counts."""
+    skip_unless_carried(sglang_version, "local")
     graph = graph_runner(api, dp_size=1, width=GAMMA, capture_bs=CAPTURE)
     names = plugin.probe_result.names
     for bs in (1, 7, MAX_BS, MAX_BS + 1):
@@ -284,11 +293,12 @@ def test_untouched_paths_are_identical_with_and_without_plugin(
     assert with_plugin == without
 
 
-def test_sglang_unit_test_style_patch_reaches_the_repair(api, plugin):
+def test_sglang_unit_test_style_patch_reaches_the_repair(api, plugin, sglang_version):
     """SGLang's own unit-test style: a bare proposer, no process groups,
     ``enable_num_token_non_padded`` patched to True where the stock fill
     looks it up. The repaired fill must honour the patch (upstream's fill
     does on 0.5.17), not call the real function and need an EP group."""
+    skip_unless_carried(sglang_version, "dp")
     from types import SimpleNamespace
     from unittest import mock
 

@@ -1,5 +1,8 @@
-"""The startup-capture repair (SGLang issue #39886): every rank of the draft's
-capture group makes the same draft CUDA-graph capture decision.
+"""The startup decision (SGLang issue #39886; #33614 and #39954): every rank
+of the draft's capture group makes the same draft CUDA-graph capture
+decision, repaired by startup-capture where the worker reads free memory by
+its own name (0.5.16-0.5.18) and by capture-group-memory where the reading
+goes through ``SpecTpSync`` (0.5.19 on).
 
 The gloo runs drive the installed ``DSparkWorkerV2.init_cuda_graphs`` in one
 process per rank (:mod:`sglang_dspark_dp.harness.startup`), one rank short of
@@ -16,7 +19,7 @@ import multiprocessing as mp
 
 import pytest
 from known_releases import known
-from srt_helpers import no_children_left, restored
+from srt_helpers import enabled_or_skip, no_children_left, restored
 
 from sglang_dspark_dp import adapter
 from sglang_dspark_dp.drivers import worker as standins
@@ -150,6 +153,8 @@ def test_a_rank_whose_probe_fails_brings_its_group_to_stock_not_to_a_hang(
     assert [r.repair for r in result.ranks] == [
         "not applicable" if r == 1 else "enabled" for r in range(4)
     ]
+    failed = {st["repair"]: st for st in result.ranks[1].statuses}
+    assert "probe fault injected on rank 1" in failed[result.repair["repair"]]["reason"]
     stock = run(fix=False, **cfg)  # what every rank reads without the plugin
     assert [(r.read_gib, r.reduced) for r in result.ranks] == [
         (r.read_gib, r.reduced) for r in stock.ranks
@@ -184,13 +189,20 @@ def test_folded_sampling_decision(worker, sglang_version, topology):
     )
 
 
-def test_repaired_tp_without_the_memory_sync_site(worker):
-    """The repair reduces the memory reading even when SGLANG_SPEC_TP_SYNC
-    leaves its site out (a release with SpecTpSync); other sites are not
-    its business."""
+def test_a_setting_without_the_memory_site_is_honoured(worker, sglang_version):
+    """Where the reading goes through SpecTpSync, SGLANG_SPEC_TP_SYNC decides
+    whether it is reduced, with the plugin as with #39954: a setting that
+    leaves the memory site out keeps it rank-local (the repair warns). Where
+    the worker reads memory by its own name, the setting does not reach it."""
+    module, _cls = worker
     result = run(fix=True, tp=2, spec_tp_sync=NO_MEM_SITE)
-    assert result.correct, result.divergence
-    assert all(r.reduced for r in result.ranks)
+    if hasattr(module, "SpecTpSync"):
+        assert result.hung and not any(r.reduced for r in result.ranks)
+        assert result.repair["repair"] == "capture-group-memory"
+    else:
+        assert result.correct, result.divergence
+        assert all(r.reduced for r in result.ranks)
+        assert result.repair["repair"] == "startup-capture"
 
 
 def test_run_matrix_runs_each_topology(worker):
@@ -253,12 +265,10 @@ def test_probe_finds_the_rank_local_reading(
 
 
 def test_hook_falls_back_to_stock_when_the_group_is_missing(
-    worker, restore_repair, caplog
+    worker, restore_repair, caplog, sglang_version
 ):
     module, cls = worker
-    status = restore_repair.instrument(apply=True)
-    if status.outcome is not Outcome.ENABLED:
-        pytest.skip(f"the repair is not enabled here: {status.line()}")
+    enabled_or_skip(restore_repair, sglang_version)
     no_cpu_group = adapter.GroupShape(world_size=2, rank_in_group=0)
     with caplog.at_level(logging.WARNING, logger="sglang_dspark_dp"):
         readings, told = drive(cls, module, no_cpu_group, free=0.5)
@@ -270,11 +280,11 @@ def test_hook_falls_back_to_stock_when_the_group_is_missing(
     assert told == [False]  # the stock decision from it (0.5 < 1.0)
 
 
-def test_hook_reduces_over_the_capture_group_in_process(worker, restore_repair):
+def test_hook_reduces_over_the_capture_group_in_process(
+    worker, restore_repair, sglang_version
+):
     module, cls = worker
-    status = restore_repair.instrument(apply=True)
-    if status.outcome is not Outcome.ENABLED:
-        pytest.skip(f"the repair is not enabled here: {status.line()}")
+    enabled_or_skip(restore_repair, sglang_version)
     group = standins.ProbeGroup(world_size=4, rank_in_group=1)
     readings, told = drive(cls, module, group, free=2.0)
     # The capture decision's reading, and the folded-sampling decision's
@@ -287,11 +297,9 @@ def test_hook_reduces_over_the_capture_group_in_process(worker, restore_repair):
     assert readings and not any(r.distributed for r in readings)
 
 
-def test_hook_changes_nothing_outside_the_call(worker, restore_repair):
+def test_hook_changes_nothing_outside_the_call(worker, restore_repair, sglang_version):
     module, cls = worker
-    status = restore_repair.instrument(apply=True)
-    if status.outcome is not Outcome.ENABLED:
-        pytest.skip(f"the repair is not enabled here: {status.line()}")
+    enabled_or_skip(restore_repair, sglang_version)
     helper_before = getattr(module, adapter.MEMORY_HELPER, None)
     told: list[bool] = []
     stand_in = standins.WorkerStandIn(
@@ -316,17 +324,16 @@ def test_hook_changes_nothing_outside_the_call(worker, restore_repair):
 
 
 def test_instrument_and_uninstrument_are_symmetric_and_idempotent(
-    worker, restore_repair
+    worker, restore_repair, sglang_version
 ):
     module, cls = worker
+    enabled_or_skip(restore_repair, sglang_version)
     restore_repair.uninstrument()
     restore_repair.uninstrument()  # no-op
     stock_fn = cls.__dict__[adapter.INIT_GRAPHS]
     assert not adapter.is_patched(adapter.STARTUP_TARGET)
     assert restore_repair.status().outcome is Outcome.NOT_INSTRUMENTED
     first = restore_repair.instrument(apply=True)
-    if first.outcome is not Outcome.ENABLED:
-        pytest.skip(f"the repair is not enabled here: {first.line()}")
     hooked = cls.__dict__[adapter.INIT_GRAPHS]
     assert hooked is not stock_fn
     assert adapter.is_patched(adapter.STARTUP_TARGET)
@@ -388,26 +395,21 @@ def test_not_needed_where_init_cuda_graphs_already_reduces(worker, monkeypatch):
     assert_left_untouched(cls)
 
 
-def test_not_needed_where_spec_tp_sync_keeps_its_memory_site(worker, monkeypatch):
-    """The shape of the upstream fix for 0.5.23 (PR #39954): SpecTpSync
-    reduces over the group it is handed, whatever its own group's size."""
+def test_not_needed_where_the_reading_goes_through_spec_tp_sync(worker):
+    """From 0.5.19 the worker reads through SpecTpSync: this repair leaves it
+    to capture-group-memory (test_capture_group_memory.py)."""
     module, cls = worker
-    sync_cls = getattr(module, "SpecTpSync", None)
-    if not isinstance(sync_cls, type):
-        pytest.skip("this release has no SpecTpSync")
-    sync_module = __import__(sync_cls.__module__, fromlist=["_"])
-
-    def available_memory_gb(self, site, device, gpu_id, *, group):
-        many = group.world_size > 1
-        return sync_module.get_available_gpu_memory(
-            device,
-            gpu_id,
-            distributed=many,
-            cpu_group=group.cpu_group if many else None,
-        )
-
-    monkeypatch.setattr(sync_cls, "available_memory_gb", available_memory_gb)
-    assert_left_untouched(cls)
+    if not hasattr(module, "SpecTpSync"):
+        pytest.skip("this release's worker reads free memory by its own name")
+    fresh = dspark_worker_v2.StartupCaptureRepair()
+    status = fresh.instrument(apply=True)
+    assert status.outcome is Outcome.NOT_NEEDED, status.line()
+    assert "capture-group-memory" in status.reason
+    assert not fresh.instrumented
+    assert [v.line() for v in status.verdicts] == [
+        "#33614 spec-tp-sync: in this build: the startup reading goes through "
+        "SpecTpSync.available_memory_gb"
+    ]
 
 
 # --------------------------------------------------------------------------

@@ -357,6 +357,30 @@ def test_status_line_and_dict():
         "reason": "why",
         "sglang": "0.5.16",
         "detail": {"a": [1]},
+        "changes": [],
+    }
+
+
+def test_status_line_names_the_upstream_changes_missing_first():
+    from sglang_dspark_dp.upstream import State, Verdict
+
+    verdicts = (
+        Verdict("dp-draft-metadata", State.IN, "carried"),
+        Verdict("tp-draft-non-padded", State.NOT_IN, "misses a field"),
+        Verdict("dp-fill-no-host-wait", State.NOT_IN, "waits"),
+        Verdict("non-overlap-pp-proxy", State.NOT_AFFECTED, "no such call"),
+    )
+    st = Status("x", Outcome.ENABLED, "why", "0.5.17", {}, verdicts)
+    assert st.line() == (
+        "sglang-dspark-dp: x: enabled on sglang 0.5.17 (tp-draft-non-padded, "
+        "dp-fill-no-host-wait not in this build; #33098 in this build; #39262 not "
+        "affected): why"
+    )
+    assert st.as_dict()["changes"][0] == {
+        "change": "dp-draft-metadata",
+        "label": "#33098",
+        "state": "in this build",
+        "evidence": "carried",
     }
 
 

@@ -76,6 +76,7 @@ from sglang_dspark_dp.adapter.worker import (
     load_worker,
     memory_helper_sites,
     pretend_cuda,
+    reads_through_spec_tp_sync,
     reduced_module_reading,
     stock_init_graphs,
 )
@@ -121,6 +122,7 @@ __all__ = [
     "memory_helper_sites",
     "parallel_override",
     "pretend_cuda",
+    "reads_through_spec_tp_sync",
     "reduced_module_reading",
     "register_around",
     "remove_hook",

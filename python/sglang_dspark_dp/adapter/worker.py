@@ -70,6 +70,12 @@ def load_worker() -> tuple[Any, type]:
     return module, cls
 
 
+def reads_through_spec_tp_sync(module: Any) -> bool:
+    """Whether the worker module takes its startup reading through
+    ``SpecTpSync`` (it builds one: 0.5.19 on)."""
+    return isinstance(getattr(module, "SpecTpSync", None), type)
+
+
 def folded_decision() -> Any:
     """The installed folded-sampling decision (None: this release has none)."""
     try:

@@ -331,6 +331,10 @@ class StartupCaptureRepair(Repair):
 
     def agreement_hook(self, why: str) -> Hook | None:
         module, cls = adapter.load_worker()  # DidNotEnable: no target anywhere
+        if adapter.reads_through_spec_tp_sync(module):
+            # The reading (and its agreement) is capture-group-memory's there:
+            # a hook here would enter a collective no other rank enters.
+            return None
         return Hook(
             target=STARTUP_TARGET,
             owner=cls,
