@@ -10,15 +10,17 @@ Default sessions (what ``scripts/run-tests.sh`` and CI run):
   ``SpecTpSync``; 0.5.23: the latest);
 * ``smoke(sglang=V)``: every other release: the probes against the recorded
   behaviour, every repair enabled where needed, ``doctor``, a short
-  ``verify`` both ways, the CLI, and the fill's fidelity to stock.
+  ``verify`` both ways, the CLI, ``judge``'s verdicts, the probes' answers
+  in any process state, and the fill's fidelity to stock.
 
 Not run by default:
 
 * ``compat(sglang=V)``: the full suite, ``doctor --json`` and a short
   ``verify`` without and with the plugin on every release; writes
   ``compat/<V>.json`` and regenerates ``COMPATIBILITY.md``;
-* ``backport -- PATH [FIX ...]``: an SGLang build (source tree or wheel)
-  that carries backported fixes, judged alone by behaviour (plugin off).
+* ``backport -- PATH [CHANGE ...]``: an SGLang build (source tree or wheel)
+  that carries backported upstream changes, judged alone by behaviour
+  (plugin off), one verdict per change.
 
 A session fails when pytest fails, when it collects nothing (pytest's exit
 5 is a failure here), and when fewer tests ran than its floor: a suite that
@@ -58,15 +60,32 @@ SMOKE_TESTS = (
     "test/srt/test_release_behaviour.py",
     "test/srt/test_cli.py",
     "test/srt/test_fidelity.py",
+    "test/srt/test_process_state.py",
+    "test/srt/test_backport.py",
 )
-#: The suite a backport build runs with the plugin off, per fix it carries.
+#: The suite a backport build runs with the plugin off, per upstream change
+#: it carries (``sglang_dspark_dp.upstream``).
 BACKPORT_TESTS = {
-    "draft-batch": ("test/srt/test_dspark_dp_attention.py",),
-    "startup-capture": ("test/srt/test_dspark_startup_consensus.py",),
-    "non-overlap-entry": ("test/srt/test_dspark_non_overlap.py",),
-    "verify-budget": ("test/srt/test_dspark_compact_verify.py",),
+    "dp-draft-metadata": ("test/srt/test_dspark_dp_attention.py",),
+    "tp-draft-non-padded": ("test/srt/test_dspark_dp_attention.py",),
+    "dp-fill-no-host-wait": ("test/srt/test_dspark_dp_attention.py",),
+    "spec-tp-sync": ("test/srt/test_dspark_startup_consensus.py",),
+    "capture-group-memory": (
+        "test/srt/test_dspark_startup_consensus.py",
+        "test/srt/test_capture_group_memory.py",
+    ),
+    "verify-budget-broadcast": ("test/srt/test_dspark_compact_verify.py",),
+    "relay-wait": ("test/srt/test_relay_wait.py",),
+    "non-overlap-pp-proxy": ("test/srt/test_dspark_non_overlap.py",),
 }
 BACKPORT_COMMON = ("test/srt/test_release_behaviour.py",)
+#: Prints the change keys a list of names means (names, PR or issue
+#: numbers, repairs), resolved by the plugin itself in the session's venv.
+RESOLVE = (
+    "import sys; from sglang_dspark_dp import registry, upstream; "
+    "groups = {n: registry.repair(n).stands_in_for for n in registry.names()}; "
+    "print(','.join(upstream.resolve(sys.argv[1], groups)))"
+)
 
 nox.options.sessions = ["lint", "tests", "smoke"]
 nox.options.reuse_existing_virtualenvs = True
@@ -166,27 +185,38 @@ def compat(session: nox.Session, sglang: str) -> None:
 
 @nox.session(python="3.11")
 def backport(session: nox.Session) -> None:
-    """``nox -s backport -- PATH [FIX ...]``: install the SGLang build at
+    """``nox -s backport -- PATH [CHANGE ...]``: install the SGLang build at
     PATH (a source tree or a wheel) and judge it alone, plugin off: ``judge``
-    and the suite of each fix it carries (default: every fix)."""
+    and the suite of each upstream change it carries (names, PR or issue
+    numbers, or a repair's name for all it stands in for; default: every
+    change)."""
     if not session.posargs:
         session.error(
-            "usage: nox -s backport -- PATH [FIX ...] (PATH: an SGLang source "
-            f"tree or wheel; FIX: {', '.join(BACKPORT_TESTS)})"
+            "usage: nox -s backport -- PATH [CHANGE ...] (PATH: an SGLang source "
+            f"tree or wheel; CHANGE: {', '.join(BACKPORT_TESTS)}, a PR number "
+            "such as 33098, or a repair's name)"
         )
-    path, *fixes = session.posargs
-    fixes = fixes or list(BACKPORT_TESTS)
-    unknown = [f for f in fixes if f not in BACKPORT_TESTS]
-    if unknown:
-        session.error(f"unknown fix {unknown}; known: {', '.join(BACKPORT_TESTS)}")
+    path, *names = session.posargs
     if not os.path.exists(path):
         session.error(f"PATH {path!r} does not exist")
     install(session, path)
+    names = names or list(BACKPORT_TESTS)
+    try:
+        resolved = session.run(
+            "python", "-c", RESOLVE, ",".join(names), silent=True
+        ).strip()
+    except Exception:  # resolve() names what it does not know
+        session.error(f"unknown change in {names}; known: {', '.join(BACKPORT_TESTS)}")
+    fixes = resolved.splitlines()[-1].split(",")
     env = {
         "SGLANG_DSPARK_DP_DISABLE": "1",
         "SGLANG_DSPARK_DP_BACKPORT": ",".join(fixes),
     }
     session.run("sglang-dspark-dp", "judge", "--fixes", ",".join(fixes), env=env)
-    paths = [p for f in fixes for p in BACKPORT_TESTS[f]] + list(BACKPORT_COMMON)
+    paths = list(
+        dict.fromkeys(
+            [p for f in fixes for p in BACKPORT_TESTS[f]] + list(BACKPORT_COMMON)
+        )
+    )
     session.posargs.clear()
     pytest(session, *paths, floor=None, **env)

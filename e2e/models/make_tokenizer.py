@@ -15,6 +15,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 TARGET = HERE / "tiny-dsv4-target"
+#: GSM8K's train split beside the checkout (``../shared/data/gsm8k``).
+GSM8K_TRAIN = HERE.parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
 DRAFT = HERE / "tiny-dsv4-dspark-draft"
 SPECIAL = ["<bos>", "<eos>", "<pad>"]
 MASK = "<|mask|>"
@@ -80,9 +82,7 @@ def build(data: Path, rows: int, out: Path = TARGET) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data", type=Path, default=Path("/work/shared/data/gsm8k/train.jsonl")
-    )
+    parser.add_argument("--data", type=Path, default=GSM8K_TRAIN)
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=TARGET)
     args = parser.parse_args()

@@ -58,9 +58,7 @@ def read(module, cls, own, passed, site=None):
     return call.kwargs
 
 
-def test_stock_reads_rank_locally_when_its_own_group_has_one_rank(
-    sync, sglang_version
-):
+def test_stock_reads_rank_locally_when_its_own_group_has_one_rank(sync, sglang_version):
     row = known(sglang_version)
     if not row["startup_dp"]:
         pytest.skip(f"sglang {sglang_version} carries #39954")

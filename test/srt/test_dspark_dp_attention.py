@@ -140,9 +140,7 @@ def check_step(api, plugin, drivers, counts, *, ep: int, graph_ok: bool = True):
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("ep_name", list(EP))
 @pytest.mark.parametrize("dp", DP_SIZES)
-def test_dp_lockstep_every_capture_size(
-    api, plugin, dp, ep_name, size, sglang_version
-):
+def test_dp_lockstep_every_capture_size(api, plugin, dp, ep_name, size, sglang_version):
     skip_unless_carried(sglang_version, "dp")
     ep = EP[ep_name] or dp
     drivers = make_drivers(api, plugin, dp=dp, ep=ep)

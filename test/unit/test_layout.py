@@ -110,3 +110,13 @@ def test_sglang_private_names_live_in_the_adapter_only():
             if pattern.search(line):
                 offenders.append(f"{path.name}:{i}: {line.strip()}")
     assert not offenders, offenders
+
+
+def test_the_package_summary_names_every_repair():
+    import tomllib
+
+    from sglang_dspark_dp import registry
+
+    project = tomllib.loads((PKG.parents[1] / "pyproject.toml").read_text())["project"]
+    missing = [n for n in registry.names() if n not in project["description"]]
+    assert not missing, project["description"]

@@ -26,7 +26,7 @@ def run(code: str) -> subprocess.CompletedProcess:
     ],
 )
 @pytest.mark.parametrize(
-    "argv", [["doctor"], ["doctor", "--json"], ["verify"], ["repro"]]
+    "argv", [["doctor"], ["doctor", "--json"], ["verify"], ["repro"], ["judge"]]
 )
 def test_cli_says_what_is_missing_and_exits_2(hidden, says, argv):
     code = HIDE.format(name=hidden) + (
