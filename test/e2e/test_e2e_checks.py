@@ -213,10 +213,19 @@ def test_plugin_off_means_no_plugin_line():
     assert not ok
 
 
-def test_the_hooks_own_line_is_counted(capsys):
+def test_the_hooks_own_line_is_counted(capsys, monkeypatch):
     sys.path.insert(0, str(ROOT / "e2e" / "hook"))
     import sglang_dspark_dp_e2e_init as hook
 
+    try:  # register() patches SGLang's dummy init: undone after the test
+        from sglang.srt.model_loader import loader, weight_utils
+    except ImportError:
+        pass
+    else:
+        for module in (loader, weight_utils):
+            monkeypatch.setattr(
+                module, "initialize_dummy_weights", module.initialize_dummy_weights
+            )
     hook.register()
     err = capsys.readouterr().err.splitlines()
     assert ec.count_plugin_lines(err)["pids"] == [str(__import__("os").getpid())]
