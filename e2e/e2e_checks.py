@@ -647,6 +647,22 @@ def merge_results(paths: list[Path]) -> dict[str, Any]:
     return merged
 
 
+def cmd_ready(a: argparse.Namespace):
+    """Server-ready seconds of each part, from its /health row."""
+    data = merge_results([Path(p) for p in a.merge])
+    ready = {
+        r["check"].split(":")[0]: r["values"]["ready_s"]
+        for r in data["checks"]
+        if "ready_s" in r.get("values", {})
+    }
+    if not ready:
+        return False, "no server became ready", {}
+    ev = ", ".join(f"{k} {v:.0f} s" for k, v in ready.items())
+    if "dspark" in ready and "noplugin" in ready:
+        ev += f"; plugin on - off: {ready['dspark'] - ready['noplugin']:+.0f} s"
+    return True, ev, {"ready_s": ready}
+
+
 def cmd_report(a: argparse.Namespace) -> tuple[bool, str]:
     paths = [Path(p) for p in (a.merge or [])]
     if Path(a.results).exists():
@@ -728,6 +744,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("record", lambda a: (a.status != FAILED, a.evidence), "record a row")
     s.add_argument("--status", choices=[SEEN, FAILED, NOT_RUN], required=True)
     s.add_argument("--evidence", default="")
+    s = add("ready", cmd_ready, "server-ready seconds of every part")
+    s.add_argument("--merge", nargs="+", required=True)
     s = add("report", cmd_report, "merge rows, write the markdown summary")
     s.add_argument("--md", required=True)
     s.add_argument("--meta", action="append", help="KEY=VALUE")

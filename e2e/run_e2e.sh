@@ -231,7 +231,11 @@ report() {
   fi
   local merge=("$OUT"/rows-dspark.json "$OUT"/rows-noplugin.json "$OUT"/rows-nospec.json)
   local have=()
-  for f in "${merge[@]}" "$r"; do [[ -s $f ]] && have+=("$f"); done
+  for f in "${merge[@]}"; do [[ -s $f ]] && have+=("$f"); done
+  if ((${#have[@]})); then
+    checks --results "$r" --check "server ready seconds" ready --merge "${have[@]}" || true
+  fi
+  have+=("$r")
   checks --results "$OUT/e2e_results.json" report --md "$OUT/e2e_results.md" \
     --merge "${have[@]}" --meta "gpus=$GPUS" \
     --meta "sglang=$("$PY" -c 'import importlib.metadata as m; print(m.version("sglang"))')" \

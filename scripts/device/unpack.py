@@ -19,8 +19,9 @@ from ``pyproject.toml`` (what ``pip install`` would give SGLang's plugin
 loader).
 
 Then it prints one line per target (complete, or which batches are still
-missing) and exits 0 when every target is complete, 3 when some are not.
-``--smoke`` also imports the server's modules with each complete site.
+missing) and exits 0 when every target is complete, 3 when some are not, 4
+when an archive failed its check or its extraction, 5 when ``--smoke``
+(which imports the server's modules with each complete site) failed.
 
     python3 scripts/device/unpack.py pythonpath 17   # the PYTHONPATH of a site
 """
@@ -310,10 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     for target, batches in sorted(todo.items()):
         state = "complete" if not batches else "needs " + " ".join(sorted(batches))
         print(f"  {target}: {state}")
-    complete = not errors and not any(todo.values())
+    if errors:
+        print("ERRORS: the archives above stay to do; carry their batches again")
+        return 4
+    complete = not any(todo.values())
     if args.smoke and complete:
         sites = sorted(t[4:] for t in todo if t.startswith("site"))
-        complete = smoke(STATE, sites)
+        if not smoke(STATE, sites):
+            print("SMOKE FAILED")
+            return 5
     print("ALL COMPLETE" if complete else "NOT COMPLETE")
     return 0 if complete else 3
 

@@ -381,3 +381,15 @@ def test_report_merges_the_parts_and_keeps_values(tmp_path):
     ]
     assert data["checks"][0]["values"] == {"ready_s": 144.2}
     assert "| nospec: /health | failed | exited |" in md.read_text()
+
+
+def test_ready_seconds_of_every_part(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    ec.record(a, "dspark: /health (server ready)", ec.SEEN, "x", {"ready_s": 144.0})
+    ec.record(b, "noplugin: /health (server ready)", ec.SEEN, "x", {"ready_s": 57.0})
+    ok, why, values = ec.cmd_ready(SimpleNamespace(merge=[str(a), str(b)]))
+    assert ok and values["ready_s"] == {"dspark": 144.0, "noplugin": 57.0}
+    assert "plugin on - off: +87 s" in why
+    c = tmp_path / "c.json"
+    ec.record(c, "nospec: /health (server ready)", ec.FAILED, "exited")
+    assert not ec.cmd_ready(SimpleNamespace(merge=[str(c)]))[0]
