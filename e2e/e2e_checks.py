@@ -66,7 +66,7 @@ PROMPTS: list[list[int]] = make_prompts()
 
 #: The plugin's log line of one repair, and the e2e init hook's line (one per
 #: process that loads plugins: e2e/hook/sglang_dspark_dp_e2e_init.py).
-PLUGIN_LINE = re.compile(r"sglang-dspark-dp: (?P<repair>[a-z][a-z-]*): (?P<rest>.*)")
+PLUGIN_ANY = "sglang-dspark-dp: "
 HOOK_LINE = re.compile(r"sglang-dspark-dp-e2e: pid (?P<pid>\d+): (?P<rest>.*)")
 SKIPPED_PLUGIN = "Skipping plugin dspark_dp"
 ACCEPT_LEN = re.compile(r"accept len: (?P<len>[0-9.]+)")
@@ -76,6 +76,17 @@ def repair_names() -> list[str]:
     from sglang_dspark_dp.registry import names
 
     return names()
+
+
+def status_line() -> re.Pattern[str]:
+    """A repair's status line (``Status.line()``: repair, then an outcome),
+    the outcomes read from the plugin."""
+    from sglang_dspark_dp.outcome import Outcome
+
+    outcomes = "|".join(re.escape(o.value) for o in Outcome)
+    return re.compile(
+        rf"sglang-dspark-dp: (?P<repair>[a-z][a-z-]*): (?P<outcome>{outcomes})\b"
+    )
 
 
 # ---------------------------------------------------------------- pure parts
@@ -149,21 +160,26 @@ def gsm8k_errors(result: dict[str, Any]) -> tuple[bool, str]:
 
 def count_plugin_lines(lines: Iterable[str]) -> dict[str, Any]:
     """The e2e hook's lines (one per process that loads plugins), the
-    plugin's lines per repair, and SGLang's 'skipping' lines."""
+    plugin's status lines per repair, its other lines, and SGLang's
+    'skipping' lines."""
+    status = status_line()
     pids: list[str] = []
     per_repair: dict[str, list[str]] = {}
+    other: list[str] = []
     skipped = 0
     for line in lines:
         hook = HOOK_LINE.search(line)
         if hook:
             pids.append(hook.group("pid"))
             continue
-        m = PLUGIN_LINE.search(line)
+        m = status.search(line)
         if m:
             per_repair.setdefault(m.group("repair"), []).append(line.strip())
+        elif PLUGIN_ANY in line:
+            other.append(line.strip())
         if SKIPPED_PLUGIN in line:
             skipped += 1
-    return {"pids": pids, "repairs": per_repair, "skipped": skipped}
+    return {"pids": pids, "repairs": per_repair, "other": other, "skipped": skipped}
 
 
 def check_plugin_lines(
@@ -176,15 +192,18 @@ def check_plugin_lines(
     other = sorted(set(counted["repairs"]) - set(repairs))
     values = {"processes": processes, "lines": per, "skipped": counted["skipped"]}
     head = f"{processes} processes load plugins (pids {' '.join(counted['pids'])})"
+    lines = counted.get("other", [])
+    values["other_lines"] = lines
     if plugin_on:
         ok = processes > 0 and all(n == processes for n in per.values()) and not other
         shown = ", ".join(f"{r} {n}" for r, n in per.items())
         sample = next(iter(counted["repairs"].values()), [""])[0]
         extra = f"; unknown repair lines {other}" if other else ""
+        extra += f"; {len(lines)} other plugin lines, e.g. {lines[0]}" if lines else ""
         return ok, f"{head}; lines per repair: {shown}{extra}; e.g. {sample}", values
     # SGLang's "skipping" line is INFO and may come before its logging is
     # set up: shown, not required.
-    total = sum(len(v) for v in counted["repairs"].values())
+    total = sum(len(v) for v in counted["repairs"].values()) + len(lines)
     ok = processes > 0 and total == 0
     return (
         ok,

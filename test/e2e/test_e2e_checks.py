@@ -154,7 +154,7 @@ def test_prompts_inside_tiny_vocab():
 # ------------------------------------------------- issue 24: one-GPU run
 
 
-REPAIRS = ["draft-batch", "startup-capture", "non-overlap-entry", "verify-budget"]
+REPAIRS = ec.repair_names()
 
 
 def plugin_log(processes: int, repairs=REPAIRS, hook=True) -> list[str]:
@@ -168,13 +168,33 @@ def plugin_log(processes: int, repairs=REPAIRS, hook=True) -> list[str]:
         for r in repairs:
             lines.append(
                 f"[2026-01-01 10:00:00] sglang-dspark-dp: {r}: enabled on sglang "
-                "0.5.17: ..."
+                "0.5.17 (#33098 in this build): ..."
             )
     return lines
 
 
 def test_the_repair_names_are_the_plugins():
-    assert ec.repair_names() == REPAIRS
+    from sglang_dspark_dp.registry import REPAIRS as registered
+
+    assert REPAIRS == [name for name, _ in registered]
+    assert "draft-batch" in REPAIRS
+
+
+def test_only_status_lines_count_and_other_plugin_lines_are_shown():
+    log = plugin_log(1) + [
+        "[t] sglang-dspark-dp: startup-capture: a rank's probe failed; every rank "
+        "of its group of 2 runs stock",
+        "[t] sglang-dspark-dp: not applied: SGLang is not installed",
+    ]
+    counted = ec.count_plugin_lines(log)
+    assert {r: len(v) for r, v in counted["repairs"].items()} == dict.fromkeys(
+        REPAIRS, 1
+    )
+    assert len(counted["other"]) == 2
+    ok, why, _ = ec.check_plugin_lines(counted, REPAIRS, plugin_on=True)
+    assert ok and "2 other plugin lines" in why
+    off = ec.count_plugin_lines(plugin_log(1, repairs=[]) + log[-1:])
+    assert not ec.check_plugin_lines(off, REPAIRS, plugin_on=False)[0]
 
 
 def test_plugin_lines_one_per_repair_and_process():
