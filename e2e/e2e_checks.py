@@ -326,6 +326,22 @@ def compare_detail(a: list[dict], b: list[dict]) -> tuple[bool, str, dict[str, A
 
 
 BENCH_FIELDS = ("output_throughput", "median_ttft_ms", "median_itl_ms")
+BENCH_PROMPTS = 64
+BENCH_SEED = 24
+
+
+def bench_args(port: int, tokenizer: str, output_file: str) -> list[str]:
+    """``sglang.benchmark.serving`` arguments of one round: random token ids
+    through the tiny model's own tokenizer (nothing to download), the same
+    seed on every server."""
+    return [
+        "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port),
+        "--tokenizer", tokenizer, "--dataset-name", "random-ids",
+        "--random-input-len", "256", "--random-output-len", "128",
+        "--random-range-ratio", "1.0", "--num-prompts", str(BENCH_PROMPTS),
+        "--max-concurrency", "16", "--seed", str(BENCH_SEED), "--disable-tqdm",
+        "--output-file", output_file,
+    ]  # fmt: skip
 
 
 def bench_rounds(path: Path) -> list[dict[str, Any]]:
@@ -586,7 +602,12 @@ def cmd_accept(a: argparse.Namespace):
 
 
 def cmd_bench(a: argparse.Namespace):
-    return check_bench(bench_rounds(Path(a.file)), a.rounds, a.num_prompts)
+    return check_bench(bench_rounds(Path(a.file)), a.rounds, BENCH_PROMPTS)
+
+
+def cmd_bench_args(a: argparse.Namespace) -> tuple[bool, str]:
+    print("\n".join(bench_args(a.port, a.tokenizer, a.output_file)))
+    return True, ""
 
 
 def cmd_ratios(a: argparse.Namespace):
@@ -743,7 +764,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("bench", cmd_bench, "bench_serving rounds all completed")
     s.add_argument("--file", required=True)
     s.add_argument("--rounds", type=int, required=True)
-    s.add_argument("--num-prompts", type=int, required=True)
+    s = add("bench-args", cmd_bench_args, "print one bench round's arguments")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--tokenizer", required=True)
+    s.add_argument("--output-file", required=True)
     s = add("ratios", cmd_ratios, "plugin / plugin-off bench figures per round")
     s.add_argument("--plugin", required=True)
     s.add_argument("--off", required=True)
@@ -782,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
             values = out[2]
     except Exception as exc:  # a check that crashes is a failed check
         ok, evidence = False, f"{type(exc).__name__}: {exc}"
-    if args.cmd == "server-args":
+    if args.cmd in ("server-args", "bench-args"):
         return 0 if ok else 1
     print(f"[{'ok' if ok else 'FAIL'}] {args.cmd}: {evidence}")
     if args.results and args.cmd not in ("report",):

@@ -41,12 +41,6 @@ ROUNDS=3
 PARTS=()
 HEALTH_TIMEOUT="${E2E_HEALTH_TIMEOUT:-420}"
 GRACE=20
-# bench_serving: random token ids through the tiny model's own tokenizer
-# (no download), the same seed on every server.
-BENCH_PROMPTS=64
-BENCH_ARGS=(--dataset-name random-ids --random-input-len 256
-  --random-output-len 128 --random-range-ratio 1.0 --num-prompts "$BENCH_PROMPTS"
-  --max-concurrency 16 --seed 24 --disable-tqdm)
 
 while (($#)); do
   case "$1" in
@@ -190,14 +184,17 @@ run_part() {
         "GSM8K 50 q, zero request errors"
     fi
   fi
-  local i
+  # bench_serving (arguments: e2e_checks.bench_args), with e2e/bench_shim's
+  # stand-in for the `datasets` it imports and the device lacks.
+  local i bargs
+  mapfile -t bargs < <(checks bench-args --port "$PORT" --tokenizer "$TARGET" \
+    --output-file "$OUT/bench_$part.jsonl")
   for i in $(seq "$ROUNDS"); do
-    "$PY" -m sglang.benchmark.serving --backend sglang --host 127.0.0.1 \
-      --port "$PORT" --tokenizer "$TARGET" "${BENCH_ARGS[@]}" \
-      --output-file "$OUT/bench_$part.jsonl" >>"$OUT/bench_$part.out" 2>&1 || true
+    PYTHONPATH="$ROOT/e2e/bench_shim:$PYTHONPATH" "$PY" -m sglang.benchmark.serving \
+      "${bargs[@]}" >>"$OUT/bench_$part.out" 2>&1 || true
   done
   check "$part" "bench_serving $ROUNDS rounds" bench --file "$OUT/bench_$part.jsonl" \
-    --rounds "$ROUNDS" --num-prompts "$BENCH_PROMPTS"
+    --rounds "$ROUNDS"
   sleep 3  # the last decode log lines
   check "$part" "decode on CUDA graph" decode-graph --log "$log" --dp "$GPUS"
   if [[ $spec == yes ]]; then

@@ -104,3 +104,59 @@ def test_the_hook_is_no_part_of_the_plugin():
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert "e2e_init" not in pyproject
     assert not list((ROOT / "python").rglob("*e2e_init*"))
+
+
+# ---------------------------------------------------------------- the bench
+
+
+def test_the_bench_imports_with_the_shim_and_takes_the_e2e_arguments(tmp_path):
+    """``python -m sglang.benchmark.serving`` with e2e/bench_shim first on its
+    path (where ``datasets`` is missing, as on the device) imports, and its
+    own parser takes ``e2e_checks.bench_args``: the run is replaced by a
+    stand-in that records the parsed arguments."""
+    import subprocess
+
+    code = (
+        "import importlib.util, json, sys\n"
+        "sys.modules['datasets'] = None  # not installed, as on the device\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "del sys.modules['datasets']\n"
+        "import datasets\n"
+        "assert datasets.__file__.startswith(sys.argv[1]), datasets.__file__\n"
+        "import sglang.benchmark.serving as s\n"
+        "spec = importlib.util.spec_from_file_location('ec', sys.argv[2])\n"
+        "ec = importlib.util.module_from_spec(spec); spec.loader.exec_module(ec)\n"
+        "got = {}\n"
+        "s.run_benchmark = lambda a: got.update(vars(a))\n"
+        "sys.argv = ['serving', *ec.bench_args(1, sys.argv[3], sys.argv[4])]\n"
+        "s.cli_main()\n"
+        "print(json.dumps({k: got[k] for k in ('dataset_name', 'seed', "
+        "'num_prompts', 'tokenizer', 'output_file', 'backend')}))\n"
+        "try:\n"
+        "    datasets.load_dataset('x')\n"
+        "except RuntimeError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(ROOT / "e2e" / "bench_shim"),
+            str(ROOT / "e2e" / "e2e_checks.py"),
+            str(ROOT / "e2e/models/tiny-dsv4-target"),
+            str(tmp_path / "b.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    lines = out.stdout.strip().splitlines()
+    parsed = json.loads(next(ln for ln in lines if ln.startswith("{")))
+    assert parsed["dataset_name"] == "random-ids" and parsed["backend"] == "sglang"
+    assert parsed["seed"] == 24 and parsed["num_prompts"] == 64
+    assert parsed["output_file"] == str(tmp_path / "b.jsonl")
+    assert any(ln.startswith("refused: datasets is not installed") for ln in lines)
