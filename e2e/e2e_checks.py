@@ -1,16 +1,19 @@
-"""HTTP requests and log checks of the multi-GPU DSpark e2e run (stdlib only).
+"""HTTP requests, log checks and the report of the DSpark e2e run (stdlib only).
 
 ``e2e/run_e2e.sh`` calls one subcommand per step; every check subcommand
-records one row (seen / failed / not run + evidence) in a results JSON file,
-and ``report`` renders that file as markdown. Exit status 0 means the check
-was seen, 1 that it failed.
+records one row (seen / failed / not run + evidence, and figures where it
+measures some) in a results JSON file, and ``report`` merges the rows of
+every part's file and renders them as markdown. Exit status 0 means the
+check was seen, 1 that it failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
+import statistics
 import sys
 import time
 import urllib.error
@@ -19,6 +22,9 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))  # the plugin's repair names
 
 SEEN, FAILED, NOT_RUN = "seen", "failed", "not run"
 
@@ -38,13 +44,49 @@ DECODE_LINE = re.compile(
 )
 PLUGIN_CRASH = "TypeError: 'NoneType' object is not iterable"
 
-# Fixed token-id prompts (ids < 2047 = the tiny vocab minus the mask token).
-PROMPTS: list[list[int]] = [
-    [48, 293, 288, 742, 691, 1287, 17, 20, 283, 685],
-    [3 + (7 * i) % 2000 for i in range(40)],
-    [100, 200, 300, 400, 500, 600, 700, 800],
-    [5 + (13 * i) % 1900 for i in range(130)],
-]
+# Fixed token-id prompts: four hand-made ones, then seeded random ones of
+# growing length (ids 3..2046: no bos/eos/pad, not the mask token 2047).
+PROMPT_SEED = 24
+NUM_PROMPTS = 20
+
+
+def make_prompts(n: int = NUM_PROMPTS, seed: int = PROMPT_SEED) -> list[list[int]]:
+    fixed = [
+        [48, 293, 288, 742, 691, 1287, 17, 20, 283, 685],
+        [3 + (7 * i) % 2000 for i in range(40)],
+        [100, 200, 300, 400, 500, 600, 700, 800],
+        [5 + (13 * i) % 1900 for i in range(130)],
+    ]
+    rng = random.Random(seed)
+    rest = [[rng.randrange(3, 2047) for _ in range(4 + 12 * i)] for i in range(n - 4)]
+    return (fixed + rest)[:n]
+
+
+PROMPTS: list[list[int]] = make_prompts()
+
+#: The plugin's log line of one repair, and the e2e init hook's line (one per
+#: process that loads plugins: e2e/hook/sglang_dspark_dp_e2e_init.py).
+PLUGIN_ANY = "sglang-dspark-dp: "
+HOOK_LINE = re.compile(r"sglang-dspark-dp-e2e: pid (?P<pid>\d+): (?P<rest>.*)")
+SKIPPED_PLUGIN = "Skipping plugin dspark_dp"
+ACCEPT_LEN = re.compile(r"accept len: (?P<len>[0-9.]+)")
+
+
+def repair_names() -> list[str]:
+    from sglang_dspark_dp.registry import names
+
+    return names()
+
+
+def status_line() -> re.Pattern[str]:
+    """A repair's status line (``Status.line()``: repair, then an outcome),
+    the outcomes read from the plugin."""
+    from sglang_dspark_dp.outcome import Outcome
+
+    outcomes = "|".join(re.escape(o.value) for o in Outcome)
+    return re.compile(
+        rf"sglang-dspark-dp: (?P<repair>[a-z][a-z-]*): (?P<outcome>{outcomes})\b"
+    )
 
 
 # ---------------------------------------------------------------- pure parts
@@ -116,11 +158,270 @@ def gsm8k_errors(result: dict[str, Any]) -> tuple[bool, str]:
     ).strip()
 
 
-def record(path: Path, name: str, status: str, evidence: str) -> dict[str, Any]:
+def count_plugin_lines(lines: Iterable[str]) -> dict[str, Any]:
+    """The e2e hook's lines (one per process that loads plugins), the
+    plugin's status lines per repair, its other lines, and SGLang's
+    'skipping' lines."""
+    status = status_line()
+    pids: list[str] = []
+    per_repair: dict[str, list[str]] = {}
+    other: list[str] = []
+    skipped = 0
+    for line in lines:
+        hook = HOOK_LINE.search(line)
+        if hook:
+            pids.append(hook.group("pid"))
+            continue
+        m = status.search(line)
+        if m:
+            per_repair.setdefault(m.group("repair"), []).append(line.strip())
+        elif PLUGIN_ANY in line:
+            other.append(line.strip())
+        if SKIPPED_PLUGIN in line:
+            skipped += 1
+    return {"pids": pids, "repairs": per_repair, "other": other, "skipped": skipped}
+
+
+def check_plugin_lines(
+    counted: dict[str, Any], repairs: list[str], plugin_on: bool
+) -> tuple[bool, str, dict[str, Any]]:
+    """Plugin on: every repair's line once in every process that loads
+    plugins. Plugin off: no plugin line, SGLang says it skipped it."""
+    processes = len(counted["pids"])
+    per = {r: len(counted["repairs"].get(r, [])) for r in repairs}
+    other = sorted(set(counted["repairs"]) - set(repairs))
+    values = {"processes": processes, "lines": per, "skipped": counted["skipped"]}
+    head = f"{processes} processes load plugins (pids {' '.join(counted['pids'])})"
+    lines = counted.get("other", [])
+    values["other_lines"] = lines
+    if plugin_on:
+        ok = processes > 0 and all(n == processes for n in per.values()) and not other
+        shown = ", ".join(f"{r} {n}" for r, n in per.items())
+        sample = next(iter(counted["repairs"].values()), [""])[0]
+        extra = f"; unknown repair lines {other}" if other else ""
+        extra += f"; {len(lines)} other plugin lines, e.g. {lines[0]}" if lines else ""
+        return ok, f"{head}; lines per repair: {shown}{extra}; e.g. {sample}", values
+    # SGLang's "skipping" line is INFO and may come before its logging is
+    # set up: shown, not required.
+    total = sum(len(v) for v in counted["repairs"].values()) + len(lines)
+    ok = processes > 0 and total == 0
+    return (
+        ok,
+        f"{head}; plugin lines: {total}; '{SKIPPED_PLUGIN}' lines: "
+        f"{counted['skipped']}",
+        values,
+    )
+
+
+def accept_lengths(lines: Iterable[str]) -> list[float]:
+    """The ``accept len`` of every decode log line."""
+    out = []
+    for line in lines:
+        if "Decode batch" in line:
+            m = ACCEPT_LEN.search(line)
+            if m:
+                out.append(float(m.group("len")))
+    return out
+
+
+def greedy_accept(outputs: list[dict]) -> dict[str, Any] | None:
+    """Accept length over the greedy requests: output tokens per verify
+    step, from their ``meta_info`` (None without speculation)."""
+    tokens = steps = 0
+    per_prompt = []
+    for o in outputs:
+        meta = o.get("meta_info") or {}
+        ct, verify = meta.get("completion_tokens"), meta.get("spec_verify_ct")
+        if not ct or not verify:
+            continue
+        tokens, steps = tokens + ct, steps + verify
+        per_prompt.append(round(ct / verify, 2))
+    if not steps:
+        return None
+    return {"accept_length": round(tokens / steps, 3), "per_prompt": per_prompt}
+
+
+def check_accept(
+    log_lens: list[float], greedy: dict[str, Any] | None, block: int
+) -> tuple[bool, str, dict[str, Any]]:
+    """The draft is accepted sometimes (length > 1) and rejected sometimes
+    (some request below the full ``block`` = gamma + 1)."""
+    if greedy is None:
+        return False, "no spec_verify_ct in the greedy outputs", {}
+    per = greedy["per_prompt"]
+    values = {"greedy": greedy["accept_length"], "per_prompt": per}
+    if log_lens:
+        values["log_median"] = statistics.median(log_lens)
+        values["log_min"], values["log_max"] = min(log_lens), max(log_lens)
+    accepted = greedy["accept_length"] > 1.0
+    rejected = min(per) < block
+    ev = (
+        f"accept length {greedy['accept_length']} over {len(per)} greedy prompts "
+        f"(per prompt {min(per)}-{max(per)}, full block {block}); decode log "
+        + (
+            f"accept len median {values['log_median']} "
+            f"({values['log_min']}-{values['log_max']}, {len(log_lens)} lines)"
+            if log_lens
+            else "has no accept len"
+        )
+        + f"; draft accepted sometimes: {accepted}, rejected sometimes: {rejected}"
+    )
+    return accepted and rejected, ev, values
+
+
+def short_cycle(ids: list[int], period: int = 2, tail: int = 8) -> bool:
+    """Whether the output ends in a cycle of ``period`` tokens or fewer
+    (what U(-1e-3, 1e-3) dummy weights give)."""
+    if len(ids) < tail + period:
+        return False
+    end = ids[-tail:]
+    return any(
+        all(end[i] == end[i + p] for i in range(tail - p)) for p in range(1, period + 1)
+    )
+
+
+def check_diversity(outputs: list[dict]) -> tuple[bool, str, dict[str, Any]]:
+    """Greedy outputs that mean something: they differ by prompt, and most
+    do not end in a 2-token cycle."""
+    ids = [tuple(o.get("output_ids") or ()) for o in outputs]
+    distinct = len(set(ids))
+    cycling = sum(short_cycle(list(i)) for i in ids)
+    firsts = len({i[:1] for i in ids})
+    values = {"prompts": len(ids), "distinct": distinct, "cycling": cycling}
+    ok = len(ids) > 0 and distinct == len(ids) and cycling <= len(ids) // 4
+    return (
+        ok,
+        f"{distinct}/{len(ids)} distinct outputs, {firsts} distinct first tokens, "
+        f"{cycling} end in a cycle of <= 2 tokens; e.g. {list(ids[0][:12])}",
+        values,
+    )
+
+
+def compare_detail(a: list[dict], b: list[dict]) -> tuple[bool, str, dict[str, Any]]:
+    """Like :func:`compare_outputs`, counting identical prompts and where
+    the others first differ."""
+    if len(a) != len(b):
+        return False, f"{len(a)} vs {len(b)} outputs", {}
+    same, first_diff = 0, []
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        kx, ky = x.get("output_ids"), y.get("output_ids")
+        if kx is None or ky is None:
+            first_diff.append((i, "missing"))
+            continue
+        if kx == ky:
+            same += 1
+            continue
+        pos = next(
+            (j for j, (p, q) in enumerate(zip(kx, ky, strict=False)) if p != q), None
+        )
+        first_diff.append((i, min(len(kx), len(ky)) if pos is None else pos))
+    tokens = sum(len(x.get("output_ids") or []) for x in a)
+    values = {"identical": same, "prompts": len(a), "first_diff": first_diff}
+    ev = f"{same}/{len(a)} prompts identical ({tokens} output tokens)"
+    if first_diff:
+        ev += "; differ (prompt, first position): " + ", ".join(
+            f"({i}, {p})" for i, p in first_diff[:8]
+        )
+    return same == len(a), ev, values
+
+
+BENCH_FIELDS = ("output_throughput", "median_ttft_ms", "median_itl_ms")
+BENCH_PROMPTS = 64
+BENCH_SEED = 24
+
+
+def bench_args(port: int, tokenizer: str, output_file: str) -> list[str]:
+    """``sglang.benchmark.serving`` arguments of one round: random token ids
+    through the tiny model's own tokenizer (nothing to download), the same
+    seed on every server."""
+    return [
+        "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port),
+        "--tokenizer", tokenizer, "--dataset-name", "random-ids",
+        "--random-input-len", "256", "--random-output-len", "128",
+        "--random-range-ratio", "1.0", "--num-prompts", str(BENCH_PROMPTS),
+        "--max-concurrency", "16", "--seed", str(BENCH_SEED), "--disable-tqdm",
+        "--output-file", output_file,
+    ]  # fmt: skip
+
+
+def bench_rounds(path: Path) -> list[dict[str, Any]]:
+    """The rows ``sglang.benchmark.serving --output-file`` appended, one a
+    round."""
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def check_bench(rounds: list[dict], want: int, num_prompts: int):
+    """Every round completed all its requests; the figures of each round."""
+    figures = [{k: r.get(k) for k in (*BENCH_FIELDS, "completed")} for r in rounds]
+    incomplete = [i for i, r in enumerate(rounds) if r.get("completed") != num_prompts]
+    ok = len(rounds) == want and not incomplete
+    ev = "; ".join(
+        f"round {i + 1}: {f['output_throughput']:.0f} tok/s, TTFT "
+        f"{f['median_ttft_ms']:.1f} ms, ITL {f['median_itl_ms']:.2f} ms, "
+        f"{f['completed']}/{num_prompts} done"
+        for i, f in enumerate(figures)
+    )
+    if len(rounds) != want:
+        ev = f"{len(rounds)} of {want} rounds ran; " + ev
+    return ok, ev, {"rounds": figures}
+
+
+def ratio_rows(a: list[dict], b: list[dict]) -> list[dict[str, float]]:
+    """Per round, each bench figure of ``a`` over ``b``."""
+    out = []
+    for x, y in zip(a, b, strict=False):
+        out.append(
+            {
+                k: round(x[k] / y[k], 3) if y.get(k) else float("nan")
+                for k in BENCH_FIELDS
+            }
+        )
+    return out
+
+
+def server_args(
+    gpus: int,
+    spec: bool,
+    *,
+    port: int,
+    target: str,
+    draft: str,
+    graph_bs: int,
+) -> list[str]:
+    """The ``sglang serve`` arguments of one e2e server. One GPU: TP 1.
+    Several: DP attention over all of them, EP as wide (attention TP 1)."""
+    if gpus < 1:
+        raise ValueError(f"gpus={gpus}: at least 1")
+    args = ["serve", "--model-path", target, "--load-format", "dummy"]
+    if gpus > 1:
+        args += ["--tp-size", str(gpus), "--dp-size", str(gpus)]
+        args += ["--enable-dp-attention", "--enable-dp-lm-head"]
+        args += ["--ep-size", str(gpus)]
+    args += ["--cuda-graph-max-bs-decode", str(graph_bs)]
+    args += ["--host", "127.0.0.1", "--port", str(port)]
+    args += ["--mem-fraction-static", "0.5", "--context-length", "4096"]
+    if spec:
+        args += ["--speculative-algorithm", "DSPARK"]
+        args += ["--speculative-draft-model-path", draft]
+    return args
+
+
+def record(
+    path: Path,
+    name: str,
+    status: str,
+    evidence: str,
+    values: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Insert or replace the row ``name`` in the results file."""
     data = json.loads(path.read_text()) if path.exists() else {"checks": []}
     rows = [r for r in data["checks"] if r["check"] != name]
-    rows.append({"check": name, "status": status, "evidence": evidence.strip()})
+    row = {"check": name, "status": status, "evidence": evidence.strip()}
+    if values:
+        row["values"] = values
+    rows.append(row)
     data["checks"] = rows
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
@@ -158,28 +459,26 @@ def _post(url: str, payload: dict, timeout: float) -> tuple[int, bytes]:
         return 0, str(exc).encode()
 
 
-def wait_health(url: str, timeout: float, pid: int | None) -> tuple[bool, str]:
+def wait_health(url: str, timeout: float, pid: int | None) -> tuple[bool, str, dict]:
     import os
 
-    deadline = time.time() + timeout
+    start = time.monotonic()
     last = ""
-    while time.time() < deadline:
+    while time.monotonic() - start < timeout:
         if pid is not None:
             try:
                 os.kill(pid, 0)
             except OSError:
-                return False, f"server process {pid} exited before /health passed"
+                return False, f"server process {pid} exited before /health passed", {}
         try:
             with urllib.request.urlopen(url + "/health", timeout=5) as resp:
                 if resp.status == 200:
-                    return (
-                        True,
-                        f"/health 200 after {timeout - deadline + time.time():.0f} s",
-                    )
+                    ready = time.monotonic() - start
+                    return True, f"/health 200 after {ready:.0f} s", {"ready_s": ready}
         except (urllib.error.URLError, OSError) as exc:
             last = str(exc)
-        time.sleep(2)
-    return False, f"/health not 200 within {timeout:.0f} s ({last})"
+        time.sleep(1)
+    return False, f"/health not 200 within {timeout:.0f} s ({last})", {}
 
 
 def generate(url: str, ids: list[int], max_new: int, stream: bool = False) -> dict:
@@ -199,7 +498,11 @@ def generate(url: str, ids: list[int], max_new: int, stream: bool = False) -> di
         return out
     if not stream:
         data = json.loads(body)
-        out.update(text=data.get("text"), output_ids=data.get("output_ids"))
+        out.update(
+            text=data.get("text"),
+            output_ids=data.get("output_ids"),
+            meta_info=_meta(data.get("meta_info") or {}),
+        )
         return out
     chunks = [
         c[len(b"data: ") :]
@@ -213,6 +516,11 @@ def generate(url: str, ids: list[int], max_new: int, stream: bool = False) -> di
     return out
 
 
+def _meta(meta: dict) -> dict:
+    keep = ("completion_tokens", "spec_verify_ct", "spec_accept_length")
+    return {k: meta[k] for k in keep if k in meta}
+
+
 # ---------------------------------------------------------------- commands
 
 
@@ -220,7 +528,11 @@ def _lines(path: str) -> list[str]:
     return Path(path).read_text(errors="replace").splitlines()
 
 
-def cmd_health(a: argparse.Namespace) -> tuple[bool, str]:
+def _load(path: str) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def cmd_health(a: argparse.Namespace):
     return wait_health(a.url, a.timeout, a.pid)
 
 
@@ -250,29 +562,95 @@ def cmd_concurrent(a: argparse.Namespace) -> tuple[bool, str]:
 
 
 def cmd_decode_graph(a: argparse.Namespace) -> tuple[bool, str]:
-    return check_decode_graph(decode_graph_by_dp(_lines(a.log)), a.dp)
+    lines = _lines(a.log)
+    if a.dp == 1:  # no DP attention: the log prefix names no DP rank
+        decode = [ln for ln in lines if "Decode batch" in ln and "cuda graph:" in ln]
+        on = [ln for ln in decode if "cuda graph: True" in ln]
+        ev = f"{len(on)} of {len(decode)} decode lines on CUDA graph"
+        return bool(on), ev + (f"; e.g. {on[0].strip()}" if on else "")
+    return check_decode_graph(decode_graph_by_dp(lines), a.dp)
 
 
 def cmd_greedy(a: argparse.Namespace) -> tuple[bool, str]:
     outs = [generate(a.url, p, a.max_new_tokens) for p in PROMPTS]
-    Path(a.save).write_text(json.dumps(outs, indent=2) + "\n")
+    Path(a.save).write_text(json.dumps(outs, indent=1) + "\n")
     bad = [o for o in outs if o["status"] != 200]
     return (
         not bad,
-        f"{len(outs) - len(bad)}/{len(outs)} greedy prompts saved to {a.save}",
+        f"{len(outs) - len(bad)}/{len(outs)} greedy prompts "
+        f"({a.max_new_tokens} tokens each) saved to {Path(a.save).name}",
     )
 
 
-def cmd_compare(a: argparse.Namespace) -> tuple[bool, str]:
-    x, y = (json.loads(Path(p).read_text()) for p in (a.a, a.b))
-    return compare_outputs(x, y)
+def cmd_compare(a: argparse.Namespace):
+    return compare_detail(_load(a.a), _load(a.b))
+
+
+def cmd_diversity(a: argparse.Namespace):
+    return check_diversity(_load(a.greedy))
+
+
+def cmd_plugin_lines(a: argparse.Namespace):
+    counted = count_plugin_lines(_lines(a.log))
+    return check_plugin_lines(counted, repair_names(), plugin_on=a.plugin == "on")
+
+
+def cmd_accept(a: argparse.Namespace):
+    return check_accept(
+        accept_lengths(_lines(a.log)), greedy_accept(_load(a.greedy)), a.block
+    )
+
+
+def cmd_bench(a: argparse.Namespace):
+    return check_bench(bench_rounds(Path(a.file)), a.rounds, BENCH_PROMPTS)
+
+
+def cmd_bench_args(a: argparse.Namespace) -> tuple[bool, str]:
+    print("\n".join(bench_args(a.port, a.tokenizer, a.output_file)))
+    return True, ""
+
+
+def cmd_ratios(a: argparse.Namespace):
+    """Plugin / plugin off, per round; harmless when the median ratio of
+    each figure lies within the spread the rounds of either server show."""
+    on, off = bench_rounds(Path(a.plugin)), bench_rounds(Path(a.off))
+    if not on or not off:
+        return False, "a bench file is missing or empty", {}
+    rows = ratio_rows(on, off)
+    verdicts, parts = {}, []
+    for k in BENCH_FIELDS:
+        med = statistics.median(r[k] for r in rows)
+        noise = max(_spread([x[k] for x in on]), _spread([x[k] for x in off]))
+        verdicts[k] = abs(med - 1) <= noise
+        shown = ", ".join(f"{r[k]:.3f}" for r in rows)
+        parts.append(
+            f"{k} {shown} (median {med:.3f}, rounds spread {noise:.3f}: "
+            + ("within" if verdicts[k] else "OUTSIDE")
+            + ")"
+        )
+    harmless = verdicts["output_throughput"] and verdicts["median_itl_ms"]
+    return (
+        harmless,
+        "plugin / plugin off per round: " + "; ".join(parts),
+        {
+            "per_round": rows,
+            "within_noise": verdicts,
+        },
+    )
+
+
+def _spread(values: list[float]) -> float:
+    """(max - min) / median of one server's rounds."""
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med else 0.0
 
 
 def cmd_gsm8k(a: argparse.Namespace) -> tuple[bool, str]:
     p = Path(a.result_file)
     if not p.exists():
         return False, f"{p} missing (client failed)"
-    return gsm8k_errors(json.loads(p.read_text()))
+    ok, ev = gsm8k_errors(json.loads(p.read_text()))
+    return ok, ev + " (accuracy means nothing with random weights)"
 
 
 def cmd_expect_crash(a: argparse.Namespace) -> tuple[bool, str]:
@@ -283,11 +661,56 @@ def cmd_expect_crash(a: argparse.Namespace) -> tuple[bool, str]:
     return ok, f"health passed: {a.healthy}; {line}"
 
 
+def cmd_server_args(a: argparse.Namespace) -> tuple[bool, str]:
+    args = server_args(
+        a.gpus,
+        a.spec == "yes",
+        port=a.port,
+        target=a.target,
+        draft=a.draft,
+        graph_bs=a.graph_bs,
+    )
+    print("\n".join(args))
+    return True, ""
+
+
+def merge_results(paths: list[Path]) -> dict[str, Any]:
+    """The rows of several results files (a later file's row replaces an
+    earlier one of the same name) and their metadata."""
+    merged: dict[str, Any] = {"checks": [], "meta": {}}
+    for path in paths:
+        data = json.loads(path.read_text())
+        names = {r["check"] for r in data.get("checks", [])}
+        merged["checks"] = [r for r in merged["checks"] if r["check"] not in names]
+        merged["checks"] += data.get("checks", [])
+        merged["meta"].update(data.get("meta", {}))
+    return merged
+
+
+def cmd_ready(a: argparse.Namespace):
+    """Server-ready seconds of each part, from its /health row."""
+    data = merge_results([Path(p) for p in a.merge])
+    ready = {
+        r["check"].split(":")[0]: r["values"]["ready_s"]
+        for r in data["checks"]
+        if "ready_s" in r.get("values", {})
+    }
+    if not ready:
+        return False, "no server became ready", {}
+    ev = ", ".join(f"{k} {v:.0f} s" for k, v in ready.items())
+    if "dspark" in ready and "noplugin" in ready:
+        ev += f"; plugin on - off: {ready['dspark'] - ready['noplugin']:+.0f} s"
+    return True, ev, {"ready_s": ready}
+
+
 def cmd_report(a: argparse.Namespace) -> tuple[bool, str]:
-    data = json.loads(Path(a.results).read_text())
+    paths = [Path(p) for p in (a.merge or [])]
+    if Path(a.results).exists():
+        paths.append(Path(a.results))
+    data = merge_results(paths)
     for kv in a.meta or []:
         key, _, value = kv.partition("=")
-        data.setdefault("meta", {})[key] = value
+        data["meta"][key] = value
     Path(a.results).write_text(json.dumps(data, indent=2) + "\n")
     Path(a.md).write_text(render_markdown(data))
     failed = [r["check"] for r in data["checks"] if r["status"] == FAILED]
@@ -325,35 +748,70 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("greedy", cmd_greedy, "save greedy outputs of the fixed prompts")
     s.add_argument("--url", required=True)
     s.add_argument("--save", required=True)
-    s.add_argument("--max-new-tokens", type=int, default=32)
+    s.add_argument("--max-new-tokens", type=int, default=48)
     s = add("compare", cmd_compare, "two greedy output files identical")
     s.add_argument("a")
     s.add_argument("b")
+    s = add("diversity", cmd_diversity, "greedy outputs differ by prompt")
+    s.add_argument("greedy")
+    s = add("plugin-lines", cmd_plugin_lines, "the plugin's lines per process")
+    s.add_argument("--log", required=True)
+    s.add_argument("--plugin", choices=["on", "off"], required=True)
+    s = add("accept", cmd_accept, "accept length: drafts accepted and rejected")
+    s.add_argument("--log", required=True)
+    s.add_argument("--greedy", required=True)
+    s.add_argument("--block", type=int, default=5, help="gamma + 1")
+    s = add("bench", cmd_bench, "bench_serving rounds all completed")
+    s.add_argument("--file", required=True)
+    s.add_argument("--rounds", type=int, required=True)
+    s = add("bench-args", cmd_bench_args, "print one bench round's arguments")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--tokenizer", required=True)
+    s.add_argument("--output-file", required=True)
+    s = add("ratios", cmd_ratios, "plugin / plugin-off bench figures per round")
+    s.add_argument("--plugin", required=True)
+    s.add_argument("--off", required=True)
     s = add("gsm8k", cmd_gsm8k, "GSM8K client result has zero request errors")
     s.add_argument("--result-file", required=True)
     s = add("expect-crash", cmd_expect_crash, "log shows the expected crash")
     s.add_argument("--log", required=True)
     s.add_argument("--pattern", default=PLUGIN_CRASH)
     s.add_argument("--healthy", choices=["yes", "no"], required=True)
+    s = add("server-args", cmd_server_args, "print the sglang serve arguments")
+    s.add_argument("--gpus", type=int, required=True)
+    s.add_argument("--spec", choices=["yes", "no"], required=True)
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--target", required=True)
+    s.add_argument("--draft", required=True)
+    s.add_argument("--graph-bs", type=int, required=True)
     s = add("record", lambda a: (a.status != FAILED, a.evidence), "record a row")
     s.add_argument("--status", choices=[SEEN, FAILED, NOT_RUN], required=True)
     s.add_argument("--evidence", default="")
-    s = add("report", cmd_report, "write the markdown summary")
+    s = add("ready", cmd_ready, "server-ready seconds of every part")
+    s.add_argument("--merge", nargs="+", required=True)
+    s = add("report", cmd_report, "merge rows, write the markdown summary")
     s.add_argument("--md", required=True)
     s.add_argument("--meta", action="append", help="KEY=VALUE")
+    s.add_argument("--merge", nargs="*", help="results files of other parts")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    values: dict[str, Any] = {}
     try:
-        ok, evidence = args.fn(args)
+        out = args.fn(args)
+        ok, evidence = out[0], out[1]
+        if len(out) > 2:
+            values = out[2]
     except Exception as exc:  # a check that crashes is a failed check
         ok, evidence = False, f"{type(exc).__name__}: {exc}"
+    if args.cmd in ("server-args", "bench-args"):
+        return 0 if ok else 1
     print(f"[{'ok' if ok else 'FAIL'}] {args.cmd}: {evidence}")
     if args.results and args.cmd not in ("report",):
         status = args.status if args.cmd == "record" else (SEEN if ok else FAILED)
-        record(Path(args.results), args.check or args.cmd, status, evidence)
+        record(Path(args.results), args.check or args.cmd, status, evidence, values)
     return 0 if ok else 1
 
 

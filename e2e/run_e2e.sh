@@ -1,72 +1,108 @@
 #!/usr/bin/env bash
-# Multi-GPU end-to-end run of DSpark + DP attention + EP with the
-# sglang-dspark-dp plugin, on the tiny dummy-weight DeepSeek-V4 models of
-# e2e/models. Needs >= 2 GPUs. Writes $OUT/e2e_results.{json,md}.
+# End-to-end run of DSpark with the sglang-dspark-dp plugin on real
+# `sglang serve` servers, on the tiny DeepSeek-V4 models of e2e/models with
+# dummy weights at a real model's init scale (e2e/hook, e2e only).
 #
-#   e2e/run_e2e.sh --gpus 2|4 [--sglang-site DIR] [--out DIR]
-#                  [--compare-0517 SITE] [--python PY] [--port P]
-#                  [--gsm8k-data DIR]
+#   e2e/run_e2e.sh --gpus 1|2|4 [--release 16|17] [--only PART]... [--out DIR]
+#                  [--pack-to DIR] [--sglang-site PATHS] [--python PY]
+#                  [--port P] [--gsm8k-data DIR] [--rounds N]
 #
-# PY needs the plugin and the benchmarks installed (pip install -e . -e benchmark).
+# Parts, in this order unless --only picks some (repeatable):
+#   dspark    DSpark + plugin
+#   noplugin  DSpark, plugin off (SGLANG_PLUGINS=e2e_init: SGLang loads only
+#             the e2e init hook and logs that it skips the plugin)
+#   nospec    no speculation (plugin on)
+#   report    cross-server rows (greedy identical, bench ratios) and the
+#             merged e2e_results.{json,md}
+# Each part records its rows in DIR/rows-PART.json, so parts can run in
+# separate device calls (DIR survives between calls on one machine; what a
+# call packed to --pack-to comes back). --gpus 2|4: DP attention + EP over
+# all GPUs (attention TP 1); --gpus 1: TP 1.
+# Sites: --release takes scripts/device/unpack.py's site (default 17);
+# --sglang-site a PYTHONPATH of your own.
 set -euo pipefail
 
 # NVLink multicast stays off on the lent machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # The tiny model is unquantized bf16; the fp8 wo_a GEMM needs an fp8 checkpoint.
 export SGLANG_OPT_FP8_WO_A_GEMM="${SGLANG_OPT_FP8_WO_A_GEMM:-0}"
+export PYTHONUNBUFFERED=1
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-GPUS=2
+GPUS=""
+RELEASE=17
 SITE=""
 OUT="$ROOT/e2e/out"
-SITE_0517=""
-PY="${PYTHON:-python}"
+PACK_TO=""
+PY="${PYTHON:-python3}"
 PORT=31000
-# Folder with GSM8K train.jsonl + test.jsonl (the GPU machines reach no
-# network, so the client cannot download them); default: the checkout's
-# ../shared/data/gsm8k when present, else the client's own cache.
 GSM8K_DATA=""
-HEALTH_TIMEOUT="${E2E_HEALTH_TIMEOUT:-1200}"
-CRASH_TIMEOUT="${E2E_CRASH_TIMEOUT:-900}"
-GRACE=30
+ROUNDS=3
+PARTS=()
+HEALTH_TIMEOUT="${E2E_HEALTH_TIMEOUT:-420}"
+GRACE=20
 
 while (($#)); do
   case "$1" in
     --gpus) GPUS="$2"; shift 2 ;;
+    --release) RELEASE="$2"; shift 2 ;;
+    --only) PARTS+=("$2"); shift 2 ;;
     --sglang-site) SITE="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
-    --compare-0517) SITE_0517="$2"; shift 2 ;;
+    --pack-to) PACK_TO="$2"; shift 2 ;;
     --python) PY="$2"; shift 2 ;;
     --port) PORT="$2"; shift 2 ;;
     --gsm8k-data) GSM8K_DATA="$2"; shift 2 ;;
-    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
+    --rounds) ROUNDS="$2"; shift 2 ;;
+    -h|--help) sed -n 2,23p "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
-case "$GPUS" in 2|4) ;; *) echo "--gpus must be 2 or 4" >&2; exit 2 ;; esac
+case "$GPUS" in 1|2|4) ;; *) echo "--gpus must be 1, 2 or 4 (got '$GPUS')" >&2; exit 2 ;; esac
+case "$RELEASE" in 16|17) ;; *) echo "--release must be 16 or 17 (got '$RELEASE')" >&2; exit 2 ;; esac
+((${#PARTS[@]})) || PARTS=(dspark noplugin nospec report)
+for p in "${PARTS[@]}"; do
+  case "$p" in dspark|noplugin|nospec|report) ;;
+    *) echo "--only must be dspark, noplugin, nospec or report (got '$p')" >&2; exit 2 ;;
+  esac
+done
+# Graph batch sizes: one GPU captures 1-8 (the issue-24 start-up budget);
+# the DP runs capture up to 128 as before.
+if [[ $GPUS == 1 ]]; then GRAPH_BS=8; else GRAPH_BS=128; fi
 
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 cd "$ROOT"
-if [[ -z "$GSM8K_DATA" && -f "$ROOT/../shared/data/gsm8k/test.jsonl" ]]; then
-  GSM8K_DATA="$ROOT/../shared/data/gsm8k"
+STATE="${DSDP_STATE:-/tmp/dsdp}"
+if [[ -z "$GSM8K_DATA" ]]; then
+  for d in "$STATE/extras/gsm8k" "$ROOT/../shared/data/gsm8k"; do
+    if [[ -f "$d/test.jsonl" ]]; then GSM8K_DATA="$d"; break; fi
+  done
 fi
-GSM8K_ARGS=()
-if [[ -n "$GSM8K_DATA" ]]; then GSM8K_ARGS=(--data-path "$GSM8K_DATA"); fi
-RESULTS="$OUT/e2e_results.json"
-rm -f "$RESULTS"
+if [[ -z "$SITE" ]]; then SITE="$("$PY" scripts/device/unpack.py pythonpath "$RELEASE")"; fi
+# The e2e init hook (its own entry point, e2e only) and the site.
+export PYTHONPATH="$ROOT/e2e/hook:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 URL="http://127.0.0.1:$PORT"
 TARGET="$ROOT/e2e/models/tiny-dsv4-target"
 DRAFT="$ROOT/e2e/models/tiny-dsv4-dspark-draft"
-BASE_PYTHONPATH="${PYTHONPATH:-}"
 
-set_site() {  # set_site DIR: staged wheels first on PYTHONPATH
-  export PYTHONPATH="${1:+$1${BASE_PYTHONPATH:+:}}$BASE_PYTHONPATH"
+checks() { "$PY" "$ROOT/e2e/e2e_checks.py" "$@"; }
+# check PART NAME SUBCOMMAND ARGS...: one row in the part's results file.
+check() {
+  local part="$1" name="$2"; shift 2
+  checks --results "$OUT/rows-$part.json" --check "$part: $name" "$@" || true
 }
-set_site "$SITE"
-
-checks() { "$PY" "$ROOT/e2e/e2e_checks.py" --results "$RESULTS" "$@"; }
-rec() { checks --check "$1" record --status "$2" --evidence "$3" || true; }
+check_rc() {  # like check, with the check's exit status
+  local part="$1" name="$2"; shift 2
+  checks --results "$OUT/rows-$part.json" --check "$part: $name" "$@"
+}
+not_run() {  # not_run PART WHY NAME...
+  local part="$1" why="$2"; shift 2
+  for name in "$@"; do
+    checks --results "$OUT/rows-$part.json" --check "$part: $name" record \
+      --status "not run" --evidence "$why" >/dev/null || true
+  done
+}
 
 SERVER_PID=""
 stop_server() {
@@ -77,136 +113,150 @@ stop_server() {
       kill -0 "$SERVER_PID" 2>/dev/null || break
       sleep 1
     done
-    kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
   fi
   # Children left in the group (schedulers, detokenizer) go too.
   kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
   wait "$SERVER_PID" 2>/dev/null || true
   SERVER_PID=""
 }
+pack() {  # pack PART: everything so far as one file, and the part's rows
+  # (the device returns 8 files at most).
+  [[ -n "$PACK_TO" ]] || return 0
+  mkdir -p "$PACK_TO"
+  tar -C "$OUT" -cJf "$PACK_TO/e2e.tar.xz" . 2>/dev/null || true
+  cp "$OUT/rows-$1.json" "$PACK_TO/" 2>/dev/null || true
+}
 trap 'stop_server' EXIT
 trap 'stop_server; exit 130' INT TERM
 
-# start_server LOG SPEC(yes|no) [extra env KEY=VAL ...]
-start_server() {
+# What the `sglang` console script runs; argv[0] is -c, the rest is ours.
+SGLANG_MAIN='import sys; from sglang.cli.main import main; sys.exit(main())'
+start_server() {  # start_server LOG SPEC(yes|no) [env KEY=VAL ...]
   local log="$1" spec="$2"; shift 2
-  local args=(serve --model-path "$TARGET" --load-format dummy
-    --tp-size "$GPUS" --dp-size "$GPUS" --enable-dp-attention
-    --enable-dp-lm-head --ep-size "$GPUS" --cuda-graph-max-bs-decode 128
-    --host 127.0.0.1 --port "$PORT" --mem-fraction-static 0.5
-    --context-length 4096)
-  if [[ "$spec" == yes ]]; then
-    args+=(--speculative-algorithm DSPARK
-      --speculative-draft-model-path "$DRAFT")
-  fi
+  local args
+  mapfile -t args < <(checks server-args --gpus "$GPUS" --spec "$spec" \
+    --port "$PORT" --target "$TARGET" --draft "$DRAFT" --graph-bs "$GRAPH_BS")
   echo "+ $* sglang ${args[*]}" >"$log"
-  # setsid: own process group, so the whole tree is stopped together.
+  # setsid: its own process group, stopped as a whole by stop_server.
   setsid env "$@" "$PY" -c "$SGLANG_MAIN" "${args[@]}" >>"$log" 2>&1 &
   SERVER_PID=$!
 }
 
-# What the `sglang` console script runs; argv[0] is -c, the rest is ours.
-SGLANG_MAIN='import sys; from sglang.cli.main import main; sys.exit(main())'
-if ! "$PY" -c 'import sglang.cli.main' 2>/dev/null; then
-  echo "sglang.cli.main not importable with $PY (PYTHONPATH=$PYTHONPATH)" >&2
+# run_part PART SPEC ENV...: one server and its checks.
+run_part() {
+  local part="$1" spec="$2"; shift 2
+  local log="$OUT/server_$part.log" plugin=on
+  [[ $part == noplugin ]] && plugin=off
+  rm -f "$OUT/rows-$part.json" "$OUT/bench_$part.jsonl"
+  start_server "$log" "$spec" "$@"
+  if ! check_rc "$part" "/health (server ready)" health --url "$URL" \
+      --timeout "$HEALTH_TIMEOUT" --pid "$SERVER_PID"; then
+    stop_server
+    if [[ $part == noplugin && $GPUS != 1 && $RELEASE == 16 ]]; then
+      # 0.5.16 under DP attention without the repair: the known crash.
+      check "$part" "expected crash in log" expect-crash --log "$log" --healthy no
+    fi
+    not_run "$part" "server never became healthy; see server_$part.log" \
+      "plugin log lines" "CUDA graph capture" "streaming request 200" \
+      "32 concurrent requests 200" "greedy outputs" "decode on CUDA graph"
+    pack "$part"
+    return 0
+  fi
+  check "$part" "plugin log lines" plugin-lines --log "$log" --plugin "$plugin"
+  if [[ $spec == yes ]]; then
+    check "$part" "CUDA graph capture (target + draft)" capture --log "$log"
+  else
+    check "$part" "CUDA graph capture (target)" capture --log "$log" --no-require-draft
+  fi
+  check "$part" "streaming request 200" stream --url "$URL"
+  check "$part" "32 concurrent requests 200" concurrent --url "$URL" --n 32
+  check "$part" "greedy outputs" greedy --url "$URL" --save "$OUT/greedy_$part.json"
+  check "$part" "greedy outputs differ by prompt" diversity "$OUT/greedy_$part.json"
+  if [[ $part == dspark ]]; then
+    if [[ -n "$GSM8K_DATA" ]]; then
+      "$PY" -m sglang_dspark_dp_bench.gsm8k.client --port "$PORT" \
+        --num-questions 50 --parallel 16 --no-progress --data-path "$GSM8K_DATA" \
+        --result-file "$OUT/gsm8k_$part.json" >"$OUT/gsm8k_$part.out" 2>&1 || true
+      check "$part" "GSM8K 50 q, zero request errors" gsm8k \
+        --result-file "$OUT/gsm8k_$part.json"
+    else
+      not_run "$part" "no GSM8K data (carry it: scripts/device/README.md)" \
+        "GSM8K 50 q, zero request errors"
+    fi
+  fi
+  # bench_serving (arguments: e2e_checks.bench_args), with e2e/bench_shim's
+  # stand-in for the `datasets` it imports and the device lacks.
+  local i bargs
+  mapfile -t bargs < <(checks bench-args --port "$PORT" --tokenizer "$TARGET" \
+    --output-file "$OUT/bench_$part.jsonl")
+  for i in $(seq "$ROUNDS"); do
+    PYTHONPATH="$ROOT/e2e/bench_shim:$PYTHONPATH" "$PY" -m sglang.benchmark.serving \
+      "${bargs[@]}" >>"$OUT/bench_$part.out" 2>&1 || true
+  done
+  check "$part" "bench_serving $ROUNDS rounds" bench --file "$OUT/bench_$part.jsonl" \
+    --rounds "$ROUNDS"
+  sleep 3  # the last decode log lines
+  check "$part" "decode on CUDA graph" decode-graph --log "$log" --dp "$GPUS"
+  if [[ $spec == yes ]]; then
+    check "$part" "accept length" accept --log "$log" --greedy "$OUT/greedy_$part.json"
+  fi
+  stop_server
+  pack "$part"
+}
+
+report() {
+  local r="$OUT/rows-report.json"
+  rm -f "$r"
+  pair() {  # pair NAME A B
+    if [[ -s "$OUT/greedy_$2.json" && -s "$OUT/greedy_$3.json" ]]; then
+      checks --results "$r" --check "$1" compare "$OUT/greedy_$2.json" \
+        "$OUT/greedy_$3.json" || true
+    else
+      checks --results "$r" --check "$1" record --status "not run" \
+        --evidence "greedy_$2.json or greedy_$3.json missing" || true
+    fi
+  }
+  pair "lossless: DSpark + plugin greedy == no-spec greedy" dspark nospec
+  pair "plugin harmless: DSpark + plugin greedy == DSpark plugin off" dspark noplugin
+  pair "DSpark plugin off greedy == no-spec greedy" noplugin nospec
+  if [[ -s "$OUT/bench_dspark.jsonl" && -s "$OUT/bench_noplugin.jsonl" ]]; then
+    checks --results "$r" --check "bench: plugin / plugin off within noise" ratios \
+      --plugin "$OUT/bench_dspark.jsonl" --off "$OUT/bench_noplugin.jsonl" || true
+  else
+    checks --results "$r" --check "bench: plugin / plugin off within noise" record \
+      --status "not run" --evidence "a bench file is missing" || true
+  fi
+  local merge=("$OUT"/rows-dspark.json "$OUT"/rows-noplugin.json "$OUT"/rows-nospec.json)
+  local have=()
+  for f in "${merge[@]}"; do [[ -s $f ]] && have+=("$f"); done
+  if ((${#have[@]})); then
+    checks --results "$r" --check "server ready seconds" ready --merge "${have[@]}" || true
+  fi
+  have+=("$r")
+  checks --results "$OUT/e2e_results.json" report --md "$OUT/e2e_results.md" \
+    --merge "${have[@]}" --meta "gpus=$GPUS" \
+    --meta "sglang=$("$PY" -c 'import importlib.metadata as m; print(m.version("sglang"))')" \
+    --meta "torch=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)" \
+    --meta "init=$("$PY" -c 'import sglang_dspark_dp_e2e_init as h; print(h.init_range())')" \
+    --meta "date=$(date -u +%FT%TZ)" || true
+  if [[ -n "$PACK_TO" ]]; then
+    cp "$OUT/e2e_results.json" "$OUT/e2e_results.md" "$PACK_TO/" 2>/dev/null || true
+  fi
+  pack report
+}
+
+if ! "$PY" -c 'import sglang.cli.main, sglang_dspark_dp_bench.gsm8k.client' 2>"$OUT/import.err"; then
+  echo "sglang or the benchmarks not importable with $PY (PYTHONPATH=$PYTHONPATH):" >&2
+  tail -3 "$OUT/import.err" >&2
   exit 2
 fi
-
-if ! "$PY" -c 'import sglang_dspark_dp_bench.gsm8k.client' 2>/dev/null; then
-  echo "sglang_dspark_dp_bench not importable with $PY: pip install -e $ROOT/benchmark" >&2
-  exit 2
-fi
-
 "$PY" -m sglang_dspark_dp.cli doctor --json >"$OUT/doctor.json" 2>&1 || true
 
-# ---- 1. DSpark + DP attention + EP, plugin on
-LOG="$OUT/server_dspark.log"
-start_server "$LOG" yes
-if checks --check "dspark: /health" health --url "$URL" \
-    --timeout "$HEALTH_TIMEOUT" --pid "$SERVER_PID"; then
-  checks --check "dspark: target+draft CUDA graph captured" capture --log "$LOG" || true
-  checks --check "dspark: streaming request 200" stream --url "$URL" || true
-  checks --check "dspark: 32 concurrent requests 200" concurrent --url "$URL" \
-    --n 32 || true
-  checks --check "dspark: greedy outputs" greedy --url "$URL" \
-    --save "$OUT/greedy_dspark.json" || true
-  "$PY" -m sglang_dspark_dp_bench.gsm8k.client --port "$PORT" --num-questions 50 \
-    --parallel 16 --no-progress --result-file "$OUT/gsm8k_dspark.json" \
-    "${GSM8K_ARGS[@]}" >"$OUT/gsm8k_dspark.out" 2>&1 || true
-  checks --check "dspark: GSM8K 50 q, zero request errors" gsm8k \
-    --result-file "$OUT/gsm8k_dspark.json" || true
-  sleep 5  # let the last decode log lines land
-  checks --check "dspark: every DP rank decodes on CUDA graph" decode-graph \
-    --log "$LOG" --dp "$GPUS" || true
-else
-  for c in "target+draft CUDA graph captured" "streaming request 200" \
-      "32 concurrent requests 200" "greedy outputs" \
-      "GSM8K 50 q, zero request errors" "every DP rank decodes on CUDA graph"; do
-    rec "dspark: $c" "not run" "server never became healthy; see $LOG"
-  done
-fi
-stop_server
-
-# ---- 2. same server without speculation: greedy reference
-LOG="$OUT/server_nospec.log"
-start_server "$LOG" no
-if checks --check "no-spec: /health" health --url "$URL" \
-    --timeout "$HEALTH_TIMEOUT" --pid "$SERVER_PID"; then
-  checks --check "no-spec: greedy outputs" greedy --url "$URL" \
-    --save "$OUT/greedy_nospec.json" || true
-fi
-stop_server
-if [[ -s "$OUT/greedy_dspark.json" && -s "$OUT/greedy_nospec.json" ]]; then
-  checks --check "lossless: DSpark greedy == no-spec greedy" compare \
-    "$OUT/greedy_dspark.json" "$OUT/greedy_nospec.json" || true
-else
-  rec "lossless: DSpark greedy == no-spec greedy" "not run" \
-    "a greedy output file is missing"
-fi
-
-# ---- 3. plugin disabled: the unrepaired crash is expected
-LOG="$OUT/server_noplugin.log"
-start_server "$LOG" yes SGLANG_PLUGINS=none_such
-HEALTHY=no
-if checks --check "no-plugin: /health (expected to fail)" health --url "$URL" \
-    --timeout "$CRASH_TIMEOUT" --pid "$SERVER_PID"; then
-  HEALTHY=yes
-  # Serving traffic is what reaches the broken draft path.
-  checks concurrent --url "$URL" --n 8 >/dev/null 2>&1 || true
-  sleep 5
-fi
-stop_server
-checks --check "no-plugin: expected crash in log" expect-crash --log "$LOG" \
-  --healthy "$HEALTHY" || true
-
-# ---- 4. optional: SGLang 0.5.17, outputs identical with and without plugin
-if [[ -n "$SITE_0517" ]]; then
-  set_site "$SITE_0517"
-  for mode in plugin noplugin; do
-    LOG="$OUT/server_0517_$mode.log"
-    if [[ $mode == plugin ]]; then start_server "$LOG" yes
-    else start_server "$LOG" yes SGLANG_PLUGINS=none_such; fi
-    if checks --check "0.5.17 $mode: /health" health --url "$URL" \
-        --timeout "$HEALTH_TIMEOUT" --pid "$SERVER_PID"; then
-      checks --check "0.5.17 $mode: greedy outputs" greedy --url "$URL" \
-        --save "$OUT/greedy_0517_$mode.json" || true
-    fi
-    stop_server
-  done
-  if [[ -s "$OUT/greedy_0517_plugin.json" && -s "$OUT/greedy_0517_noplugin.json" ]]
-  then
-    checks --check "0.5.17: plugin greedy == no-plugin greedy" compare \
-      "$OUT/greedy_0517_plugin.json" "$OUT/greedy_0517_noplugin.json" || true
-  else
-    rec "0.5.17: plugin greedy == no-plugin greedy" "not run" \
-      "a 0.5.17 server did not become healthy"
-  fi
-  set_site "$SITE"
-else
-  rec "0.5.17: plugin greedy == no-plugin greedy" "not run" \
-    "--compare-0517 not given"
-fi
-
-checks report --md "$OUT/e2e_results.md" --meta "gpus=$GPUS" \
-  --meta "sglang=$("$PY" -c 'import sglang; print(sglang.__version__)')" \
-  --meta "date=$(date -u +%FT%TZ)"
+for part in "${PARTS[@]}"; do
+  case "$part" in
+    dspark) run_part dspark yes ;;
+    noplugin) run_part noplugin yes SGLANG_PLUGINS=e2e_init ;;
+    nospec) run_part nospec no ;;
+    report) report ;;
+  esac
+done

@@ -320,9 +320,15 @@ def _explain(api: Any, torch: Any, device: str, *, bs: int, gamma: int, dp: int)
     n = bs * gamma
     gnt = [bs * gamma] * dp
     spec = api.make_spec_info(draft_token_num=gamma, device=dev)
-    bufs = DraftDPBuffers(dev, with_non_padded=True)
-    bufs.stage_counts(gnt, gnt)
-    pin = dev.type == "cuda"
+    bufs = DraftDPBuffers(dev)
+    flip = [0]
+
+    def plugin_update():
+        # A changed step every call (two value sets alternating), as in churn.
+        flip[0] ^= 1
+        return bufs.update(n - flip[0], gnt, gnt)
+
+    plugin_update()
     candidates = {
         # 0.5.17 stock: num_token_non_padded
         "torch.tensor(n, dtype=int32, device=dev)": lambda: torch.tensor(
@@ -340,15 +346,9 @@ def _explain(api: Any, torch: Any, device: str, *, bs: int, gamma: int, dp: int)
         "torch.tensor(n, dtype=int32).to(dev)": lambda: torch.tensor(
             n, dtype=torch.int32
         ).to(dev),
-        # plugin: the persistent scalar
-        "buffers.non_padded.fill_(n)": lambda: bufs.non_padded.fill_(n),
-        # plugin: one pinned host tensor + one async copy
-        "buffers.stage_counts(gnt, gnt) [pinned + copy_ non_blocking]": lambda: (
-            bufs.stage_counts(gnt, gnt)
-        ),
-        "torch.tensor(gnt, pin_memory=True)": lambda: torch.tensor(
-            gnt, dtype=torch.int64, pin_memory=pin
-        ),
+        # plugin: scalar + both rows into the free packed pinned host buffer,
+        # one async copy, an event recorded; no kernel
+        "buffers.update(n, gnt, gnt) [packed, one copy_]": (plugin_update),
     }
     cycles = int(SLEEP_MS * _calibrate_sleep(torch)) if dev.type == "cuda" else 0
     rows = []
@@ -590,7 +590,7 @@ def _fmt(v: Any, spec: str = ".1f") -> str:
 
 #: Targets on the plugin's rows: the host-time ratio to stock 0.5.17's row of
 #: the same pattern, same run.
-RATIO_TARGETS = {"steady": 0.15, "churn": 0.7}
+RATIO_TARGETS = {"steady": 0.15, "churn": 0.5}
 
 
 def pattern_rows(r: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

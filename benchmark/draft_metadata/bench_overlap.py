@@ -108,7 +108,7 @@ Usage::
 
     python benchmark/draft_metadata/bench_overlap.py --out overlap.json
     python benchmark/draft_metadata/bench_overlap.py --out overlap.json \\
-        compare --site 0.5.17=/tmp/site17
+        compare --site 0.5.17=$(python3 scripts/device/unpack.py pythonpath 17)
 
 Without CUDA it refuses in one line and exits 2.
 """

@@ -7,6 +7,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "e2e" / "e2e_checks.py"
@@ -146,3 +149,267 @@ def test_prompts_inside_tiny_vocab():
         "vocab_size"
     ]
     assert all(0 <= t < vocab - 1 for p in ec.PROMPTS for t in p)
+
+
+# ------------------------------------------------- issue 24: one-GPU run
+
+
+REPAIRS = ec.repair_names()
+
+
+def plugin_log(processes: int, repairs=REPAIRS, hook=True) -> list[str]:
+    lines = []
+    for pid in range(100, 100 + processes):
+        if hook:
+            lines.append(
+                f"[2026-01-01 10:00:00] sglang-dspark-dp-e2e: pid {pid}: "
+                "dummy weights U(-0.035, 0.035), norms 1"
+            )
+        for r in repairs:
+            lines.append(
+                f"[2026-01-01 10:00:00] sglang-dspark-dp: {r}: enabled on sglang "
+                "0.5.17 (#33098 in this build): ..."
+            )
+    return lines
+
+
+def test_the_repair_names_are_the_plugins():
+    from sglang_dspark_dp.registry import REPAIRS as registered
+
+    assert REPAIRS == [name for name, _ in registered]
+    assert "draft-batch" in REPAIRS
+
+
+def test_only_status_lines_count_and_other_plugin_lines_are_shown():
+    log = plugin_log(1) + [
+        "[t] sglang-dspark-dp: startup-capture: a rank's probe failed; every rank "
+        "of its group of 2 runs stock",
+        "[t] sglang-dspark-dp: not applied: SGLang is not installed",
+    ]
+    counted = ec.count_plugin_lines(log)
+    assert {r: len(v) for r, v in counted["repairs"].items()} == dict.fromkeys(
+        REPAIRS, 1
+    )
+    assert len(counted["other"]) == 2
+    ok, why, _ = ec.check_plugin_lines(counted, REPAIRS, plugin_on=True)
+    assert ok and "2 other plugin lines" in why
+    off = ec.count_plugin_lines(plugin_log(1, repairs=[]) + log[-1:])
+    assert not ec.check_plugin_lines(off, REPAIRS, plugin_on=False)[0]
+
+
+def test_plugin_lines_one_per_repair_and_process():
+    ok, why, values = ec.check_plugin_lines(
+        ec.count_plugin_lines(plugin_log(2)), REPAIRS, plugin_on=True
+    )
+    assert ok and values["processes"] == 2 and "draft-batch 2" in why
+    short = plugin_log(2)[:-1]  # one process lacks the last repair's line
+    ok, why, _ = ec.check_plugin_lines(
+        ec.count_plugin_lines(short), REPAIRS, plugin_on=True
+    )
+    assert not ok and f"{REPAIRS[-1]} 1" in why
+    ok, _, _ = ec.check_plugin_lines(
+        ec.count_plugin_lines(plugin_log(2, hook=False)), REPAIRS, plugin_on=True
+    )
+    assert not ok  # no process seen loading plugins
+    ok, why, _ = ec.check_plugin_lines(
+        ec.count_plugin_lines(plugin_log(1, repairs=[*REPAIRS, "new-one"])),
+        REPAIRS,
+        plugin_on=True,
+    )
+    assert not ok and "new-one" in why
+
+
+def test_plugin_off_means_no_plugin_line():
+    off = plugin_log(2, repairs=[]) + [
+        "[x] Skipping plugin dspark_dp (not in SGLANG_PLUGINS)"
+    ]
+    ok, why, values = ec.check_plugin_lines(
+        ec.count_plugin_lines(off), REPAIRS, plugin_on=False
+    )
+    assert ok and values["skipped"] == 1 and "plugin lines: 0" in why
+    ok, _, _ = ec.check_plugin_lines(
+        ec.count_plugin_lines(plugin_log(2)), REPAIRS, plugin_on=False
+    )
+    assert not ok
+
+
+def test_the_hooks_own_line_is_counted(capsys, monkeypatch):
+    sys.path.insert(0, str(ROOT / "e2e" / "hook"))
+    import sglang_dspark_dp_e2e_init as hook
+
+    try:  # register() patches SGLang's dummy init: undone after the test
+        from sglang.srt.model_loader import loader, weight_utils
+    except ImportError:
+        pass
+    else:
+        for module in (loader, weight_utils):
+            monkeypatch.setattr(
+                module, "initialize_dummy_weights", module.initialize_dummy_weights
+            )
+    hook.register()
+    err = capsys.readouterr().err.splitlines()
+    assert ec.count_plugin_lines(err)["pids"] == [str(__import__("os").getpid())]
+
+
+def greedy_out(ids, ct=None, verify=None):
+    out = {"status": 200, "output_ids": ids, "text": ""}
+    if ct is not None:
+        out["meta_info"] = {"completion_tokens": ct, "spec_verify_ct": verify}
+    return out
+
+
+def test_accept_length_needs_accepts_and_rejects():
+    lines = [
+        "[t] Decode batch, #running-req: 1, accept len: 1.50, accept rate: 0.1, "
+        "cuda graph: True",
+        "[t] Decode batch, #running-req: 1, accept len: 2.50, cuda graph: True",
+        "[t] Prefill batch, accept len: 9.00",
+    ]
+    assert ec.accept_lengths(lines) == [1.5, 2.5]
+    outs = [greedy_out([1], 48, 30), greedy_out([2], 48, 12)]
+    ok, why, values = ec.check_accept(
+        ec.accept_lengths(lines), ec.greedy_accept(outs), block=5
+    )
+    assert ok and values["greedy"] == round(96 / 42, 3) and "median 2.0" in why
+    all_full = [greedy_out([1], 50, 10)]  # 5 per step: never rejected
+    assert not ec.check_accept([], ec.greedy_accept(all_full), block=5)[0]
+    none = [greedy_out([1], 48, 48)]  # 1 per step: never accepted
+    assert not ec.check_accept([], ec.greedy_accept(none), block=5)[0]
+    assert ec.greedy_accept([greedy_out([1])]) is None
+    assert not ec.check_accept([], None, block=5)[0]
+
+
+def test_diversity_rejects_the_two_token_cycle_of_stock_dummy_weights():
+    cycle = [1435, 590] * 24
+    stock = [greedy_out(cycle) for _ in range(16)]
+    ok, why, values = ec.check_diversity(stock)
+    assert not ok and values["distinct"] == 1 and values["cycling"] == 16
+    varied = [
+        greedy_out([(7 * i + j * j) % 2000 for j in range(48)]) for i in range(16)
+    ]
+    ok, why, values = ec.check_diversity(varied)
+    assert ok and values["distinct"] == 16 and values["cycling"] == 0
+    assert ec.short_cycle([5, 6] * 8) and ec.short_cycle([9] * 12)
+    assert not ec.short_cycle([1, 2, 3] * 8)
+
+
+def test_compare_detail_says_where_prompts_differ():
+    a = [greedy_out([1, 2, 3]), greedy_out([4, 5, 6])]
+    b = [greedy_out([1, 2, 3]), greedy_out([4, 9, 6])]
+    ok, why, values = ec.compare_detail(a, b)
+    assert not ok and values["identical"] == 1 and "(1, 1)" in why
+    assert ec.compare_detail(a, a)[0]
+    assert not ec.compare_detail(a, a[:1])[0]
+    assert not ec.compare_detail([greedy_out(None)], [greedy_out(None)])[0]
+
+
+def bench_row(tput, ttft, itl, completed=64):
+    return {
+        "output_throughput": tput,
+        "median_ttft_ms": ttft,
+        "median_itl_ms": itl,
+        "completed": completed,
+    }
+
+
+def write_rounds(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_bench_rounds_all_complete(tmp_path):
+    f = write_rounds(tmp_path / "b.jsonl", [bench_row(1000, 20, 5)] * 3)
+    ok, why, values = ec.check_bench(ec.bench_rounds(f), 3, 64)
+    assert ok and "round 3: 1000 tok/s" in why and len(values["rounds"]) == 3
+    assert not ec.check_bench(ec.bench_rounds(f), 4, 64)[0]
+    f = write_rounds(tmp_path / "c.jsonl", [bench_row(1000, 20, 5, completed=60)] * 3)
+    assert not ec.check_bench(ec.bench_rounds(f), 3, 64)[0]
+    assert ec.bench_rounds(tmp_path / "missing.jsonl") == []
+
+
+def test_ratios_per_round_and_within_the_rounds_noise(tmp_path):
+    off = write_rounds(
+        tmp_path / "off.jsonl",
+        [bench_row(1000, 20, 5.0), bench_row(1040, 21, 4.9), bench_row(980, 19, 5.1)],
+    )
+    close = write_rounds(
+        tmp_path / "on.jsonl",
+        [bench_row(1010, 20, 5.0), bench_row(1000, 20, 5.0), bench_row(990, 20, 5.05)],
+    )
+    ns = SimpleNamespace(plugin=str(close), off=str(off))
+    ok, why, values = ec.cmd_ratios(ns)
+    assert ok and len(values["per_round"]) == 3
+    assert values["per_round"][0]["output_throughput"] == 1.01
+    slow = write_rounds(
+        tmp_path / "slow.jsonl",
+        [bench_row(700, 30, 7.0), bench_row(710, 30, 7.1), bench_row(690, 31, 7.0)],
+    )
+    ok, why, values = ec.cmd_ratios(SimpleNamespace(plugin=str(slow), off=str(off)))
+    assert not ok and "OUTSIDE" in why
+    ok, why, _ = ec.cmd_ratios(
+        SimpleNamespace(plugin=str(tmp_path / "none"), off=str(off))
+    )
+    assert not ok
+
+
+def test_server_args_one_gpu_and_dp_attention():
+    one = ec.server_args(1, True, port=1, target="T", draft="D", graph_bs=8)
+    assert "--enable-dp-attention" not in one and "--tp-size" not in one
+    assert one[one.index("--speculative-draft-model-path") + 1] == "D"
+    two = ec.server_args(2, False, port=1, target="T", draft="D", graph_bs=128)
+    assert two[two.index("--dp-size") + 1] == "2" and "--enable-dp-attention" in two
+    assert "--speculative-algorithm" not in two
+    with pytest.raises(ValueError, match="gpus=0"):
+        ec.server_args(0, True, port=1, target="T", draft="D", graph_bs=8)
+
+
+def test_at_least_sixteen_distinct_prompts_inside_the_vocab():
+    assert len(ec.PROMPTS) >= 16
+    assert len({tuple(p) for p in ec.PROMPTS}) == len(ec.PROMPTS)
+    assert ec.make_prompts() == ec.PROMPTS  # seeded: the same in every server
+
+
+def test_decode_graph_on_one_gpu_counts_lines_without_a_dp_prefix(tmp_path):
+    log = tmp_path / "s.log"
+    log.write_text(
+        "[2026 TP0] Decode batch, #running-req: 1, cuda graph: False\n"
+        "[2026 TP0] Decode batch, #running-req: 1, cuda graph: True\n"
+    )
+    ok, why = ec.cmd_decode_graph(SimpleNamespace(log=str(log), dp=1))
+    assert ok and "1 of 2" in why
+    log.write_text("[2026 TP0] Decode batch, #running-req: 40, cuda graph: False\n")
+    assert not ec.cmd_decode_graph(SimpleNamespace(log=str(log), dp=1))[0]
+
+
+def test_report_merges_the_parts_and_keeps_values(tmp_path):
+    a, b = tmp_path / "rows-dspark.json", tmp_path / "rows-nospec.json"
+    ec.record(
+        a, "dspark: /health", ec.SEEN, "/health 200 after 144 s", {"ready_s": 144.2}
+    )
+    ec.record(b, "nospec: /health", ec.FAILED, "exited")
+    out, md = tmp_path / "e2e_results.json", tmp_path / "e2e_results.md"
+    rc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--results", str(out), "report", "--md", str(md),
+         "--merge", str(a), str(b), "--meta", "gpus=1"],
+        capture_output=True,
+    )  # fmt: skip
+    assert rc.returncode == 1  # one failed row
+    data = json.loads(out.read_text())
+    assert [r["check"] for r in data["checks"]] == [
+        "dspark: /health",
+        "nospec: /health",
+    ]
+    assert data["checks"][0]["values"] == {"ready_s": 144.2}
+    assert "| nospec: /health | failed | exited |" in md.read_text()
+
+
+def test_ready_seconds_of_every_part(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    ec.record(a, "dspark: /health (server ready)", ec.SEEN, "x", {"ready_s": 144.0})
+    ec.record(b, "noplugin: /health (server ready)", ec.SEEN, "x", {"ready_s": 57.0})
+    ok, why, values = ec.cmd_ready(SimpleNamespace(merge=[str(a), str(b)]))
+    assert ok and values["ready_s"] == {"dspark": 144.0, "noplugin": 57.0}
+    assert "plugin on - off: +87 s" in why
+    c = tmp_path / "c.json"
+    ec.record(c, "nospec: /health (server ready)", ec.FAILED, "exited")
+    assert not ec.cmd_ready(SimpleNamespace(merge=[str(c)]))[0]

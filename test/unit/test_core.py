@@ -177,13 +177,19 @@ def test_buffers_are_reused_and_reallocated_only_for_a_new_dp_size():
     second = draft_batch(bs=2)
     derive(second, batch([2, 7]), buffers=buffers)
     assert second.num_token_non_padded is scalar
+    assert second.global_num_tokens_gpu is row
     assert second.global_num_tokens_gpu.data_ptr() == row.data_ptr()
     assert second.global_num_tokens_gpu.tolist() == [6, 21]
     assert int(scalar) == 6
     third = draft_batch(bs=1)
     derive(third, batch([1, 1, 1, 1]), buffers=buffers)  # DP 2 -> 4
+    # A new DP size lays the packed buffer out anew, scalar included.
     assert third.global_num_tokens_gpu.tolist() == [3, 3, 3, 3]
-    assert third.num_token_non_padded is scalar
+    assert int(third.num_token_non_padded) == WIDTH
+    fourth = draft_batch(bs=2)
+    derive(fourth, batch([2, 1, 1, 1]), buffers=buffers)
+    assert fourth.num_token_non_padded is third.num_token_non_padded
+    assert fourth.global_num_tokens_gpu is third.global_num_tokens_gpu
 
 
 def test_without_the_device_count_only_the_host_count_is_written():
@@ -490,3 +496,127 @@ def test_the_caller_mutating_its_count_list_does_not_fool_the_repeat_check():
     step(buffers, counts, bs=2)
     counts[1] = 5  # the same list object, new values
     assert values(step(buffers, counts, bs=2))[1] == [6, 15]
+
+
+# --------------------------------------------------------------------------
+# The packed buffer: one copy per changed step, two host buffers alternating.
+# --------------------------------------------------------------------------
+
+
+def test_scalar_and_rows_are_views_of_one_packed_tensor():
+    buffers = DraftDPBuffers("cpu")
+    fb = step(buffers, [2, 3], bs=2)
+    scalar, row, logprob_row = (
+        fb.num_token_non_padded,
+        fb.global_num_tokens_gpu,
+        fb.global_num_tokens_for_logprob_gpu,
+    )
+    assert (scalar.dtype, scalar.dim()) == (torch.int32, 0)
+    assert row.dtype == logprob_row.dtype == torch.int64
+    base = scalar.untyped_storage().data_ptr()
+    assert row.untyped_storage().data_ptr() == base
+    assert logprob_row.untyped_storage().data_ptr() == base
+    # The scalar's bytes come first, then the two rows, back to back.
+    assert row.data_ptr() == base + 8
+    assert logprob_row.data_ptr() == base + 8 + 8 * 2
+
+
+def test_a_changed_step_is_one_copy_and_no_kernel():
+    buffers = DraftDPBuffers("cpu")
+    step(buffers, [2, 3], bs=2)
+    with DeviceWork() as work:
+        fb = step(buffers, [1, 4], bs=1)  # the scalar and both rows change
+    assert work.writes == ["copy_"]
+    assert values(fb) == (WIDTH, [3, 12], [3, 12])
+    with DeviceWork() as work:
+        fb = step(buffers, [1, 5], bs=1)  # the rows alone change
+    assert work.writes == ["copy_"]
+    assert values(fb) == (WIDTH, [3, 15], [3, 15])
+
+
+def test_a_part_not_given_keeps_its_value():
+    buffers = DraftDPBuffers("cpu")
+    scalar, rows = buffers.update(7, [1, 2], [3, 4])
+    buffers.update(counts=[5, 6], logprob_counts=[7, 8])
+    assert int(scalar) == 7 and rows[1].tolist() == [7, 8]
+    buffers.update(non_padded=9)
+    assert int(scalar) == 9 and rows[0].tolist() == [5, 6]
+
+
+def test_mismatched_rank_counts_are_refused_by_name():
+    with pytest.raises(ValueError, match="logprob_counts has 1 ranks, counts 2"):
+        DraftDPBuffers("cpu").update(1, [1, 2], [1])
+
+
+class StandInEvent:
+    """An event whose copy completes only when the test says so."""
+
+    def __init__(self, log, check):
+        self.done, self.log, self.check = False, log, check
+
+    def record(self, *stream):
+        self.done = False
+        self.log.append("record")
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.check()  # runs while the host buffer must still be intact
+        self.log.append("synchronize")
+        self.done = True
+
+
+def host_words(buffers, i):
+    return buffers._hosts[i][0].tolist()
+
+
+def test_a_host_buffer_is_never_rewritten_while_its_copy_is_in_flight():
+    log, events = [], []
+    state = {}
+
+    def check():
+        assert host_words(buffers, 0) == state["first"], "rewritten in flight"
+
+    def factory():
+        events.append(StandInEvent(log, check))
+        return events[-1]
+
+    buffers = DraftDPBuffers("cpu", event_factory=factory)
+    step(buffers, [2, 3], bs=2)  # host buffer 0, its copy in flight
+    state["first"] = host_words(buffers, 0)
+    assert len(events) == 1 and not events[0].done
+    fb = step(buffers, [1, 3], bs=1)  # the other buffer: no wait
+    assert host_words(buffers, 0) == state["first"]
+    assert values(fb) == (WIDTH, [3, 9], [3, 9])
+    assert buffers.host_waits == 0 and "synchronize" not in log
+    fb = step(buffers, [2, 4], bs=2)  # buffer 0 again, still in flight: wait
+    assert log.count("synchronize") == 1 and buffers.host_waits == 1
+    assert log.index("synchronize") < len(log) - 1  # waited, then recorded
+    assert values(fb) == (2 * WIDTH, [6, 12], [6, 12])
+    assert host_words(buffers, 0) != state["first"]
+
+
+def test_a_completed_copy_frees_its_host_buffer_without_a_wait():
+    log, events = [], []
+
+    def factory():
+        events.append(StandInEvent(log, lambda: None))
+        return events[-1]
+
+    buffers = DraftDPBuffers("cpu", event_factory=factory)
+    for counts in ([2, 3], [1, 3], [2, 4], [1, 4], [3, 3]):
+        for event in events:
+            event.done = True  # the GPU keeps up
+        fb = step(buffers, counts, bs=counts[0])
+        assert values(fb)[1] == [c * WIDTH for c in counts]
+    assert buffers.host_waits == 0 and "synchronize" not in log
+    assert len(events) == DraftDPBuffers.DEPTH == 2  # one event per buffer
+
+
+def test_a_repeat_records_no_event():
+    log = []
+    buffers = DraftDPBuffers("cpu", event_factory=lambda: StandInEvent(log, None))
+    step(buffers, [2, 3], bs=2)
+    step(buffers, [2, 3], bs=2)
+    assert log == ["record"]

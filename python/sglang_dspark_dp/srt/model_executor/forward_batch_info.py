@@ -12,10 +12,11 @@ Hot-path rules (it runs on every rank at every decode step):
 
 * no host<->device synchronisation: nothing reads a device tensor;
 * no device allocation per step: the non-padded count and the per-rank count
-  vectors live in persistent per-proposer buffers updated in place
+  vectors live in one persistent per-proposer buffer updated in place
   (:class:`DraftDPBuffers`);
-* a host-to-device copy is only ever issued from pinned memory with
-  ``non_blocking=True``, so the host never waits for queued GPU work.
+* a changed step issues one host-to-device copy, from pinned memory with
+  ``non_blocking=True`` (the host never waits for queued GPU work), and no
+  kernel launch.
 """
 
 from __future__ import annotations
@@ -70,19 +71,34 @@ class DraftDPFieldNames:
 
 
 class DraftDPBuffers:
-    """Persistent device buffers of one draft proposer.
+    """Persistent device buffers of one draft proposer, fed from one packed
+    host buffer.
 
-    ``non_padded`` is the int32 device scalar (allocated on the first step
-    where SGLang's ``enable_num_token_non_padded()`` holds). ``counts``
-    holds the scaled per-rank vectors, row 0 for ``global_num_tokens_gpu``
-    and row 1 for the logprob variant; it is (re)allocated only when the DP
-    size changes, i.e. once.
+    Device layout: one int64 tensor of ``1 + 2 * dp`` elements. Element 0's
+    first four bytes are ``non_padded``, the int32 device scalar; elements
+    ``1 .. dp`` are ``global_num_tokens_gpu`` and the next ``dp`` its
+    logprob twin (``rows``). The views are the same tensor objects, at the
+    same addresses, for as long as the DP size holds (CUDA graphs capture
+    addresses); a new DP size (which a server never sees: its DP size is
+    fixed at launch) or the first counts after scalar-only steps lay out a
+    new tensor, scalar included.
+
+    A changed step writes its values into a pinned host buffer of the same
+    layout and issues ONE asynchronous copy of the whole of it: no kernel
+    launch, no device allocation, no host wait. Two host buffers alternate,
+    so the host never rewrites a buffer whose copy may still be in flight:
+    an event recorded after each copy says when a buffer is free again;
+    the buffer about to be reused was last copied two changed steps ago, so
+    that event has long completed unless the host runs more than a whole
+    step ahead of the GPU, and only then does the host wait for it
+    (``host_waits`` counts those waits). On a device without pinned memory
+    (CPU) the copy is synchronous and no event is needed.
 
     Steady state: a write whose inputs equal the previous write's issues no
     device work at all, provided nothing wrote the tensor in place since
-    (its version counter, which every in-place torch op bumps, is what the
-    previous write left). SGLang does write these tensors in place on some
-    paths (``ForwardBatch.prepare_mlp_sync_batch`` copies padded counts into
+    (the views share their base's version counter, which every in-place
+    torch op bumps). SGLang does write these tensors in place on some paths
+    (``ForwardBatch.prepare_mlp_sync_batch`` copies padded counts into
     ``global_num_tokens_gpu`` on an eager DP step, and fills
     ``num_token_non_padded`` for a dummy extend), so the counter, not the
     values alone, decides.
@@ -91,74 +107,133 @@ class DraftDPBuffers:
     __slots__ = (
         "device",
         "non_padded",
-        "_counts",
-        "_rows",
+        "rows",
+        "host_waits",
+        "_dp",
+        "_dev",
+        "_hosts",
+        "_events",
+        "_next",
         "_pin",
-        "_np_seen",
-        "_counts_seen",
+        "_event_factory",
+        "_want",
+        "_seen",
     )
 
-    def __init__(self, device: Any, *, with_non_padded: bool = False) -> None:
+    #: How many host buffers alternate.
+    DEPTH = 2
+
+    def __init__(
+        self,
+        device: Any,
+        *,
+        with_non_padded: bool = False,
+        event_factory: Any = None,
+    ) -> None:
+        """``event_factory``: makes the event recorded after each copy
+        (``torch.cuda.Event`` on a CUDA device, none elsewhere; a test
+        passes a stand-in)."""
         self.device = torch.device(device)
         self.non_padded: torch.Tensor | None = None
-        self._counts: torch.Tensor | None = None
-        self._rows: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.rows: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.host_waits = 0
+        self._dp: int | None = None
+        self._dev: torch.Tensor | None = None
+        self._hosts: list[tuple[torch.Tensor, Any, Any]] = []
+        self._events: list[Any] = []
+        self._next = 0
         self._pin = self.device.type == "cuda"
-        self._np_seen: tuple[int, int] | None = None
-        self._counts_seen: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
+        if event_factory is None and self._pin:
+            event_factory = torch.cuda.Event
+        self._event_factory = event_factory
+        # The values the device buffer is to hold: (non-padded, counts, logprob).
+        self._want: tuple[int, tuple[int, ...], tuple[int, ...]] = (0, (), ())
+        self._seen: tuple[Any, int] | None = None
         if with_non_padded:
-            self._scalar()
+            self._layout(0)
 
-    def _scalar(self) -> torch.Tensor:
+    def _layout(self, dp: int) -> None:
+        import numpy as np
+
         # Normal tensors (not inference tensors), so that in-place updates
         # work whether or not the step runs under torch.inference_mode().
         with torch.inference_mode(False):
-            self.non_padded = torch.zeros((), dtype=torch.int32, device=self.device)
-        self._np_seen = None
-        return self.non_padded
+            dev = torch.zeros(1 + 2 * dp, dtype=torch.int64, device=self.device)
+            self._hosts = []
+            for _ in range(self.DEPTH):
+                host = torch.zeros(1 + 2 * dp, dtype=torch.int64, pin_memory=self._pin)
+                words = host.numpy()
+                self._hosts.append((host, words, words.view(np.int32)))
+        self._events = [None] * self.DEPTH
+        self._next = 0
+        self._dev = dev
+        self._dp = dp
+        self.non_padded = dev[:1].view(torch.int32)[0]
+        self.rows = (dev[1 : 1 + dp], dev[1 + dp :])
+        self._seen = None
+
+    def update(
+        self,
+        non_padded: int | None = None,
+        counts: Sequence[int] | None = None,
+        logprob_counts: Sequence[int] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Make the device views hold this step's values; ``None`` keeps a
+        part's previous value. Returns ``(non_padded, rows)``.
+
+        On a change: the values into the free host buffer, one asynchronous
+        copy of it. On a repeat: nothing at all."""
+        want_np, want_counts, want_logprob = self._want
+        if non_padded is not None:
+            want_np = non_padded
+        if counts is not None:
+            want_counts, want_logprob = tuple(counts), tuple(logprob_counts or ())
+            if len(want_logprob) != len(want_counts):
+                raise ValueError(
+                    f"logprob_counts has {len(want_logprob)} ranks, "
+                    f"counts {len(want_counts)}"
+                )
+        want = (want_np, want_counts, want_logprob)
+        self._want = want
+        dp = len(want_counts)
+        dev = self._dev
+        if dev is None or dp != self._dp:
+            self._layout(dp)
+            dev = self._dev
+        seen = self._seen
+        if seen is not None and seen[0] == want and seen[1] == dev._version:
+            return self.non_padded, self.rows  # type: ignore[return-value]
+        idx = self._next
+        event = self._events[idx]
+        if event is not None and not event.query():
+            # Still being copied from: the host ran a whole step ahead.
+            event.synchronize()
+            self.host_waits += 1
+        host, words, halves = self._hosts[idx]
+        halves[0] = want_np
+        words[1 : 1 + dp] = want_counts
+        words[1 + dp :] = want_logprob
+        dev.copy_(host, non_blocking=self._pin)
+        if self._event_factory is not None:
+            if event is None:
+                event = self._events[idx] = self._event_factory()
+            if self._pin:
+                event.record(torch.cuda.current_stream(self.device))
+            else:
+                event.record()
+        self._next = (idx + 1) % self.DEPTH
+        self._seen = (want, dev._version)
+        return self.non_padded, self.rows  # type: ignore[return-value]
 
     def set_non_padded(self, num_tokens: int) -> torch.Tensor:
-        """The device scalar holding ``num_tokens`` (written only if it does
-        not hold it already)."""
-        scalar = self.non_padded
-        if scalar is None:
-            scalar = self._scalar()
-        seen = self._np_seen
-        if seen is None or seen[0] != num_tokens or seen[1] != scalar._version:
-            scalar.fill_(num_tokens)
-            self._np_seen = (num_tokens, scalar._version)
-        return scalar
+        """The device scalar holding ``num_tokens``."""
+        return self.update(non_padded=num_tokens)[0]
 
     def stage_counts(
         self, counts: Sequence[int], logprob_counts: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both per-rank vectors in the persistent device buffer.
-
-        On a change: one pinned host tensor, one asynchronous copy (the host
-        does not wait for the stream, the device allocates nothing). On a
-        repeat: nothing at all.
-        """
-        key = (tuple(counts), tuple(logprob_counts))
-        buf = self._counts
-        seen = self._counts_seen
-        if (
-            seen is not None
-            and buf is not None
-            and seen[0] == key[0]
-            and seen[1] == key[1]
-            and seen[2] == buf._version
-        ):
-            return self._rows  # type: ignore[return-value]
-        n = len(key[0])
-        if buf is None or buf.shape[1] != n:
-            with torch.inference_mode(False):
-                buf = torch.zeros((2, n), dtype=torch.int64, device=self.device)
-            self._counts = buf
-            self._rows = (buf[0], buf[1])
-        host = torch.tensor(key, dtype=torch.int64, pin_memory=self._pin)
-        buf.copy_(host, non_blocking=self._pin)
-        self._counts_seen = (key[0], key[1], buf._version)
-        return self._rows  # type: ignore[return-value]
+        """Both per-rank vectors in the persistent device buffer."""
+        return self.update(counts=counts, logprob_counts=logprob_counts)[1]
 
 
 def derive_draft_dp_metadata(
@@ -198,26 +273,36 @@ def derive_draft_dp_metadata(
     * ``scaled``: the per-rank counts in draft-token units (cpu lists, the
       persistent device vectors) and the batch's DP graph flag.
     """
-    if NON_PADDED in groups:
+    write_np = NON_PADDED in groups
+    if write_np:
         num_tokens = forward_batch.input_ids.numel()
-        if device_count:
-            setattr(forward_batch, names.non_padded, buffers.set_non_padded(num_tokens))
         setattr(forward_batch, names.non_padded_cpu, num_tokens)
 
     raw = batch.global_num_tokens
-    if not dp_moe_sync or raw is None:
-        return
-
-    if UNSCALED in groups:
-        setattr(forward_batch, names.unscaled, raw)
-
-    if SCALED in groups:
+    dp = dp_moe_sync and raw is not None
+    counts = logprob_counts = None
+    if dp and SCALED in groups:
         raw_logprob = batch.global_num_tokens_for_logprob
         if honours_coordination and batch.dp_spec_prefill_coordination_applied:
             counts, logprob_counts = raw, raw_logprob
         else:
             counts, logprob_counts = scale(spec_info, raw, raw_logprob)
-        gpu, gpu_logprob = buffers.stage_counts(counts, logprob_counts)
+
+    # One call, so that a changed step issues one copy for all of it.
+    device_np = write_np and device_count
+    if device_np or counts is not None:
+        scalar, (gpu, gpu_logprob) = buffers.update(
+            num_tokens if device_np else None, counts, logprob_counts
+        )
+        if device_np:
+            setattr(forward_batch, names.non_padded, scalar)
+    if not dp:
+        return
+
+    if UNSCALED in groups:
+        setattr(forward_batch, names.unscaled, raw)
+
+    if counts is not None:
         setattr(forward_batch, names.scaled_cpu, counts)
         setattr(forward_batch, names.scaled_logprob_cpu, logprob_counts)
         setattr(forward_batch, names.scaled_gpu, gpu)

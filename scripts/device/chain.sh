@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One call of the device chain (scripts/device/README.md): unpack what this
+# call carried (idempotent), then the steps named, in order.
+#
+#   bash scripts/device/chain.sh [STEP]...
+#
+# Steps (each needs every batch unpacked; if one is missing the machine was
+# lost or a batch skipped: the call says so and exits 3):
+#   smoke              import the server's modules with both sites
+#   e2e:PARTS[:GPUS]   e2e/run_e2e.sh --only each of PARTS (comma list of
+#                      dspark,noplugin,nospec,report), SGLang 0.5.17,
+#                      GPUS (default 1); results under /tmp/e2e, packed to $OUT
+#   fill:N             N back-to-back bench_fill.py compare runs (0.5.16 and
+#                      0.5.17, stock and plugin) into $OUT/fill-runK.json
+# Everything is logged to $OUT/chain.log as well.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+OUTDIR="${OUT:-$ROOT/out}"
+mkdir -p "$OUTDIR"
+exec > >(tee -a "$OUTDIR/chain.log") 2>&1
+export PYTHONUNBUFFERED=1
+
+t0=$SECONDS
+echo "== $(date -u +%FT%TZ) chain.sh $*"
+"$PY" scripts/device/unpack.py
+unpacked=$?
+echo "== unpack: exit $unpacked after $((SECONDS - t0)) s"
+# Without steps (the calls that only carry a batch): fine unless a check failed.
+if (($# == 0)); then ((unpacked == 3)) && exit 0; exit "$unpacked"; fi
+if ((unpacked != 0)); then
+  echo "NOT COMPLETE: a batch is missing on this machine (lost and restarted?):"
+  echo "start again at call 1; nothing run"
+  exit 3
+fi
+
+status=0
+for step in "$@"; do
+  t=$SECONDS
+  case "$step" in
+    smoke)
+      "$PY" scripts/device/unpack.py --smoke || status=1
+      nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
+      ;;
+    e2e:*)
+      IFS=: read -r _ parts gpus <<<"$step"
+      only=()
+      for p in ${parts//,/ }; do only+=(--only "$p"); done
+      bash e2e/run_e2e.sh --gpus "${gpus:-1}" --release 17 "${only[@]}" \
+        --out /tmp/e2e --pack-to "$OUTDIR" || status=1
+      ;;
+    fill:*)
+      n="${step#fill:}"
+      s16="$("$PY" scripts/device/unpack.py pythonpath 16)"
+      s17="$("$PY" scripts/device/unpack.py pythonpath 17)"
+      for k in $(seq "$n"); do
+        "$PY" benchmark/draft_metadata/bench_fill.py --device cuda --iters 3000 \
+          --explain --out "$OUTDIR/fill-run$k.json" compare \
+          --site "0.5.16=$s16" --site "0.5.17=$s17" --modes stock plugin \
+          | tail -12 || status=1
+      done
+      ;;
+    *) echo "unknown step: $step"; status=2 ;;
+  esac
+  echo "== $step: $((SECONDS - t)) s"
+done
+echo "== chain.sh $*: exit $status after $((SECONDS - t0)) s"
+exit "$status"
