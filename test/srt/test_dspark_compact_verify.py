@@ -3,7 +3,9 @@ verify planner uses one verify budget, so all pick one compact verify graph
 tier and all enter the ``verify_lens`` broadcast.
 
 The gloo runs drive the installed ``DSparkVerifyPlanner`` in one process
-per rank (:mod:`sglang_dspark_dp.harness.compact_verify`): confidence drift
+per rank (:mod:`sglang_dspark_dp.harness.compact_verify`), as two TP groups
+side by side (ranks ``[0, 1]`` and ``[2, 3]``, SGLang's own
+``GroupCoordinator`` on gloo): confidence drift
 on the non-overlap path, a late confidence relay on the overlap path (with
 both verify repairs, and with the budget broadcast alone, which still
 carries a late rank's missing budget). The other tests drive the probe and
@@ -62,14 +64,26 @@ def stock_is_wrong(version: str) -> bool:
     return row["compact_verify"]
 
 
+#: Two TP groups of two: the second group's first rank is global rank 2.
+GROUPS = 2
+
+
 @pytest.fixture(scope="module")
 def drift_runs(planner_cls):
-    return {fix: run(scenario=cv.DRIFT, fix=fix) for fix in (False, True)}
+    return {
+        fix: run(scenario=cv.DRIFT, fix=fix, groups=GROUPS) for fix in (False, True)
+    }
 
 
 @pytest.fixture(scope="module")
 def late_runs(planner_cls):
-    return {fix: run(scenario=cv.LATE, fix=fix) for fix in (False, True)}
+    return {fix: run(scenario=cv.LATE, fix=fix, groups=GROUPS) for fix in (False, True)}
+
+
+def test_the_runs_are_two_groups_on_sglangs_group_coordinator(drift_runs):
+    for result in drift_runs.values():
+        assert result.group_kind == "GroupCoordinator"
+        assert {s.ranks for s in result.steps} == {(0, 1), (2, 3)}
 
 
 # --------------------------------------------------------------------------
@@ -101,11 +115,16 @@ def test_repaired_ranks_share_one_tier_under_drift(drift_runs):
 
 
 def test_the_first_rank_keeps_its_own_budget(drift_runs):
-    """The repair never changes the source rank's budget or tier; the
-    others take it."""
+    """The repair never changes the source rank's budget or tier (each
+    group's first rank: global ranks 0 and 2); the others take it."""
     stock, fixed = drift_runs[False], drift_runs[True]
     assert [s.budgets[0] for s in fixed.steps] == [s.budgets[0] for s in stock.steps]
     assert [s.tiers[0] for s in fixed.steps] == [s.tiers[0] for s in stock.steps]
+    second = [s for s in fixed.steps if s.ranks == (2, 3)]
+    assert second and any(
+        s.budgets[0] != t.budgets[0]
+        for s, t in zip(second, fixed.steps[: len(second)], strict=True)
+    ), "the two groups saw the same confidences: nothing tells their sources apart"
 
 
 # --------------------------------------------------------------------------
@@ -170,19 +189,31 @@ def test_cap_accept_mode_late_relay(planner_cls, sglang_version):
 def test_a_rank_whose_probe_fails_brings_its_group_to_stock_not_to_a_hang(
     late_runs,
 ):
-    """The repair adds a collective; one rank's probe fails (an unexpected
-    exception) while the other's succeeds. The ranks agree before the
-    first broadcast: both run stock, neither waits in a broadcast the other
-    never enters."""
+    """The repair adds a collective; rank 3's probe fails (an unexpected
+    exception) while the others' succeed. The ranks of its group [2, 3]
+    agree before the first broadcast: both run stock, neither waits in a
+    broadcast the other never enters; the group [0, 1] is repaired."""
     result = run(
-        scenario=cv.LATE, fix=True, probe_fails=(1,), repairs=("verify-budget",)
+        scenario=cv.LATE,
+        fix=True,
+        groups=GROUPS,
+        probe_fails=(3,),
+        repairs=("verify-budget",),
     )
-    assert [r["outcome"] for r in result.repairs] == ["enabled", "not applicable"]
-    assert "probe fault injected on rank 1" in result.repairs[1]["reason"]
-    stock = late_runs[False]
-    assert [(s.budgets, s.tiers, s.in_broadcast) for s in result.steps] == [
-        (s.budgets, s.tiers, s.in_broadcast) for s in stock.steps
+    assert [r["outcome"] for r in result.repairs] == ["enabled"] * 3 + [
+        "not applicable"
     ]
+    assert "probe fault injected on rank 3" in result.repairs[3]["reason"]
+    stock = late_runs[False]
+
+    def group(res, ranks):
+        return [
+            (s.budgets, s.tiers, s.in_broadcast) for s in res.steps if s.ranks == ranks
+        ]
+
+    assert group(result, (2, 3)) == group(stock, (2, 3))
+    repaired = [s for s in result.steps if s.ranks == (0, 1)]
+    assert repaired and all(s.agree for s in repaired)
 
 
 def test_four_ranks(planner_cls):

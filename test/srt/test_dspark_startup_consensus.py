@@ -69,7 +69,7 @@ def stock_wrong(version: str, kind: str) -> bool:
 def run(**kwargs) -> startup.StartupResult:
     result = startup.run_startup(startup.StartupConfig(hang_s=HANG_S, **kwargs))
     assert no_children_left()
-    assert len(result.ranks) == result.config.tp
+    assert len(result.ranks) == result.config.world
     return result
 
 
@@ -203,6 +203,76 @@ def test_a_setting_without_the_memory_site_is_honoured(worker, sglang_version):
         assert result.correct, result.divergence
         assert all(r.reduced for r in result.ranks)
         assert result.repair["repair"] == "startup-capture"
+
+
+#: Worlds of several capture groups, as servers lay them out: two TP
+#: groups side by side (the second's ranks are [2, 3]), plain TP and DP
+#: attention inside; a dense draft under DP attention with attention TP 2,
+#: whose graphs capture on the attention-TP groups [0, 1] and [2, 3]. The
+#: short rank is rank 3 (in the second group): the first group must still
+#: capture, the second skip. ``kind``: which recorded stock behaviour
+#: applies (a dense draft's SpecTpSync group has two ranks, as under plain
+#: TP).
+GROUPED = {
+    "2x tp2": (dict(tp=2, groups=2), "tp"),
+    "2x tp2 dp2": (dict(tp=2, dp=2, groups=2), "dp"),
+    "tp4 dp2 dense": (dict(tp=4, dp=2, dense_draft=True), "tp"),
+}
+
+
+@pytest.mark.parametrize("topology", list(GROUPED))
+def test_each_capture_group_decides_from_its_own_minimum(
+    worker, sglang_version, topology
+):
+    cfg, kind = GROUPED[topology]
+    fixed = run(fix=True, **cfg)
+    assert fixed.group_kind == "GroupCoordinator"
+    assert [r.group for r in fixed.ranks] == [(0, 1), (0, 1), (2, 3), (2, 3)]
+    assert fixed.correct, fixed.summary()
+    assert [r.decision for r in fixed.ranks] == [startup.CAPTURED] * 2 + [
+        startup.SKIPPED
+    ] * 2
+    assert all(r.reduced for r in fixed.ranks)
+    stock = run(fix=False, **cfg)
+    first = stock.ranks[:2]
+    assert all(r.decision == startup.CAPTURED for r in first), stock.summary()
+    if stock_wrong(sglang_version, kind):
+        assert stock.hung and (stock.ranks[2].decision, stock.ranks[3].decision) == (
+            startup.HUNG,
+            startup.SKIPPED,
+        ), stock.summary()
+    else:
+        assert stock.correct, stock.summary()
+
+
+def test_the_hook_reduces_over_the_workers_own_capture_group_first(
+    worker, restore_repair, sglang_version
+):
+    """Where a worker names its capture group (``_draft_graph_group``) and
+    its draft runner has another TP group, the reading is reduced over the
+    worker's own."""
+    enabled_or_skip(restore_repair, sglang_version)
+    module, cls = worker
+    own = standins.ProbeGroup(world_size=2, rank_in_group=1)
+    runners = standins.ProbeGroup(world_size=4, rank_in_group=3)
+    told: list[bool] = []
+    stand_in = standins.WorkerStandIn(
+        module,
+        capture_group=runners,
+        dp_tp_group=standins.ProbeGroup(1),
+        on_capture=told.append,
+    )
+    stand_in._draft_graph_group = own
+    recorded = standins.RecordedReadings(
+        adapter.memory_helper_sites(module, stand_in), value=2.0
+    )
+    with adapter.pretend_cuda(module), recorded:
+        getattr(cls, adapter.INIT_GRAPHS)(stand_in)
+    assert recorded.readings
+    assert {(r.distributed, r.cpu_group) for r in recorded.readings} == {
+        (True, own.cpu_group)
+    }
+    assert told == [True]
 
 
 def test_run_matrix_runs_each_topology(worker):

@@ -1,5 +1,7 @@
-"""The DP lockstep harness: one process per DP rank (gloo over loopback),
-the real DSpark draft builder and the real ``can_run_graph`` in each."""
+"""The DP lockstep harness: one process per rank (gloo over loopback), the
+real DSpark draft builder and the real ``can_run_graph`` in each; DP ranks
+of one attention-TP rank each, and of two (attention-TP groups ``[0, 1]``
+and ``[2, 3]``)."""
 
 from __future__ import annotations
 
@@ -14,18 +16,22 @@ from sglang_dspark_dp.expectations import KNOWN_CRASH
 from sglang_dspark_dp.harness import churn, lockstep
 from sglang_dspark_dp.srt.speculative.dspark_components import dspark_draft
 
-#: Steps per EP tier: enough for every churn phase at each size (the main
-#: job, ``verify``, runs 2000); eight ranks on two cores cost the most.
-SOAK_STEPS = {2: 2000, 4: 1000, 8: 400}
+#: ``(dp, attention TP)``: steps per EP tier, enough for every churn phase
+#: at each size (the main job, ``verify``, runs 2000); eight ranks on two
+#: cores cost the most.
+SOAK_STEPS = {(2, 1): 2000, (4, 1): 1000, (8, 1): 400, (2, 2): 600}
 
 
-@pytest.mark.parametrize("dp", sorted(SOAK_STEPS))
-def test_soak_ep_off_and_on(plugin, dp):
-    steps = SOAK_STEPS[dp]
-    cfg = lockstep.RunConfig(dp=dp, ep_sizes=(1, dp), steps=steps, seed=100 + dp)
+@pytest.mark.parametrize("dp, attn_tp", sorted(SOAK_STEPS))
+def test_soak_ep_off_and_on(plugin, dp, attn_tp):
+    steps = SOAK_STEPS[(dp, attn_tp)]
+    world = dp * attn_tp
+    cfg = lockstep.RunConfig(
+        dp=dp, attn_tp=attn_tp, ep_sizes=(1, world), steps=steps, seed=100 + dp
+    )
     result = lockstep.run(cfg)
     assert result.failure is None, result.failure.render()
-    assert result.steps_done == {1: steps, dp: steps}
+    assert result.steps_done == {1: steps, world: steps}
     for tiers in result.tiers.values():
         assert sum(tiers.values()) == steps
         seen_tiers = {k[0] for k in tiers}
@@ -40,7 +46,8 @@ def test_soak_ep_off_and_on(plugin, dp):
         idle = sum(n for k, n in tiers.items() if k[0].startswith("0 "))
         single = sum(n for k, n in tiers.items() if k[1] == dp - 1)
         SOAK_SUMMARIES.append(
-            f"dp {dp}, EP {ep}: {steps} steps in lockstep: {graph} graph / "
+            f"dp {dp} x attention TP {attn_tp}, EP {ep}: {steps} steps in lockstep: "
+            f"{graph} graph / "
             f"{steps - graph} eager, {idle} all-idle, {single} single-busy "
             f"(sglang {result.sglang_version}, plugin {result.plugin}, "
             f"{result.seconds:.0f} s for both EP tiers)"
@@ -73,7 +80,9 @@ def test_churn_covers_the_reported_reproduction():
 def test_no_fix_shows_the_stock_crash_where_expected(plugin, sglang_version):
     if known(sglang_version) is None:
         pytest.skip(f"no recorded behaviour for sglang {sglang_version}")
-    result = lockstep.run(lockstep.RunConfig(dp=4, ep_sizes=(4,), steps=40, fix=False))
+    result = lockstep.run(
+        lockstep.RunConfig(dp=2, attn_tp=2, ep_sizes=(4,), steps=40, fix=False)
+    )
     if known(sglang_version)["dp"]:
         assert result.failure is not None
         assert result.failure.kind == "crash"

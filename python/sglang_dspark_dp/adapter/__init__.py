@@ -52,6 +52,7 @@ from sglang_dspark_dp.adapter.parallel import (
     GroupShape,
     accepted_parallel_fields,
     dp_rank_and_size,
+    group_coordinator,
     parallel_override,
     topology_values,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "dspark_class",
     "forget_loaded_plugins",
     "graph_runner",
+    "group_coordinator",
     "hook_registry",
     "hooks_on",
     "hosts_draft",

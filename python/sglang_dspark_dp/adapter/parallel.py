@@ -89,3 +89,49 @@ def dp_rank_and_size(api: Any, default_size: int) -> tuple[int | None, int]:
         return int(par.attn_dp_rank), int(par.attn_dp_size)
     except Exception:
         return None, default_size
+
+
+#: SGLang's process-group wrapper (``GroupCoordinator``).
+COORDINATOR = ("sglang.srt.distributed.parallel_state", "GroupCoordinator")
+
+
+def group_coordinator(
+    group_ranks: list[list[int]], *, local_rank: int, name: str, timeout: Any
+) -> Any | None:
+    """SGLang's own ``GroupCoordinator`` over gloo (device and CPU groups both
+    gloo, no device communicator) for this process's group among
+    ``group_ranks``; every rank calls it with the same groups, in the same
+    order. ``timeout`` bounds its CPU group (a barrier or a collective that
+    a peer never enters). None where the installed class cannot be built
+    that way (an argument this plugin does not know how to give)."""
+    import inspect
+
+    try:
+        module = importlib.import_module(COORDINATOR[0])
+    except ImportError:
+        return None
+    cls = getattr(module, COORDINATOR[1], None)
+    if not isinstance(cls, type):
+        return None
+    known = {
+        "group_ranks": [list(r) for r in group_ranks],
+        "local_rank": local_rank,
+        "torch_distributed_backend": "gloo",
+        "group_name": name,
+        "gloo_timeout": timeout,
+    }
+    kwargs: dict[str, Any] = {}
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    if "gloo_timeout" not in {p.name for p in params}:
+        return None  # its CPU group would wait for hours on a missing peer
+    for p in params:
+        if p.name in known:
+            kwargs[p.name] = known[p.name]
+        elif p.name.startswith("use_"):
+            kwargs[p.name] = False
+        elif p.default is inspect.Parameter.empty and p.kind not in (
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        ):
+            return None
+    return cls(**kwargs)

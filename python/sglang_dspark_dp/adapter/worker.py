@@ -48,6 +48,8 @@ CAPTURE_CUTOFF_GIB = 1.0
 #: then the draft model runner's TP group (the group ``FullCudaGraphBackend``
 #: takes its capture barriers on).
 CAPTURE_GROUP_SOURCES = ("_draft_graph_group", "draft_model_runner.tp_group")
+#: The worker's own name for that group (0.5.19 on).
+GRAPH_GROUP_ATTR = CAPTURE_GROUP_SOURCES[0]
 #: The worker's draft-sampler builder (``init_cuda_graphs`` calls it; later
 #: releases pass it the startup memory reading).
 DRAFT_SAMPLER_BUILDER = "_maybe_build_draft_sampler"
@@ -68,6 +70,14 @@ def load_worker() -> tuple[Any, type]:
             f"{WORKER}.{INIT_GRAPHS} has an unexpected signature ({', '.join(params)})"
         )
     return module, cls
+
+
+def init_reads(cls: type, name: str) -> bool:
+    """Whether the installed ``init_cuda_graphs`` reads attribute ``name``
+    of its worker (the names its code object loads)."""
+    fn = inspect.unwrap(cls.__dict__.get(INIT_GRAPHS, lambda: None))
+    code = getattr(fn, "__code__", None)
+    return code is not None and name in code.co_names
 
 
 def reads_through_spec_tp_sync(module: Any) -> bool:

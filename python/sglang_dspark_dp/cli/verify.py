@@ -104,15 +104,23 @@ def _process_state_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
 
 def _startup_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
     """Every rank's draft CUDA-graph capture decision at startup, plain TP
-    and DP attention of ``--dp`` ranks, one rank short of memory. Returns
-    the exit status it asks for and its summary lines."""
+    and DP attention of ``--dp`` ranks (and, from 4 ranks, a dense draft
+    capturing on attention-TP groups of 2), one rank short of memory.
+    Returns the exit status it asks for and its summary lines."""
     from sglang_dspark_dp.harness import startup
 
-    topologies = ((args.dp, 1), (args.dp, args.dp))
+    configs = [dict(tp=args.dp, dp=1), dict(tp=args.dp, dp=args.dp)]
+    if args.dp >= 4 and args.dp % 2 == 0:
+        # A dense draft under DP attention with attention TP 2: its graphs
+        # capture on the attention-TP groups [0, 1], [2, 3], ...
+        configs.append(dict(tp=args.dp, dp=args.dp // 2, dense_draft=True))
     try:
-        results = startup.run_matrix(
-            fix=not args.no_fix, topologies=topologies, timeout_s=args.timeout
-        )
+        results = [
+            startup.run_startup(
+                startup.StartupConfig(fix=not args.no_fix, timeout_s=args.timeout, **c)
+            )
+            for c in configs
+        ]
     except startup.CannotRun as exc:
         return EXIT_CANNOT, [f"startup: cannot run: {exc}"]
     lines = [f"startup: {r.summary()}" for r in results]
@@ -159,14 +167,20 @@ def _non_overlap_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
 
 def _compact_verify_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
     """The verify graph tier of a budget-scheduling ragged verify mode on
-    ``--dp`` plain-TP ranks (gloo, the installed planner): confidence drift
-    and a late confidence relay, stock or repaired."""
+    ``--dp`` plain-TP ranks (gloo, the installed planner, two TP groups where
+    they split evenly): confidence drift and a late confidence relay, stock
+    or repaired."""
     from sglang_dspark_dp.harness import compact_verify
 
+    # --dp ranks as two TP groups side by side where they split evenly (the
+    # second group's first rank is not rank 0), else one group.
+    world = min(args.dp, compact_verify.MAX_WORLD)
+    groups = 2 if world >= 4 and world % 2 == 0 else 1
     try:
         results = compact_verify.run_scenarios(
             fix=not args.no_fix,
-            tp=min(args.dp, compact_verify.MAX_WORLD),
+            tp=world // groups,
+            groups=groups,
             steps=min(args.steps, 40),
             seed=args.seed,
             timeout_s=args.timeout,

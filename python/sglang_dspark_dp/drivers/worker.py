@@ -22,11 +22,13 @@ from typing import Any
 from sglang_dspark_dp.adapter.base import AttrSwap, signature_of
 from sglang_dspark_dp.adapter.worker import (
     DRAFT_SAMPLER_BUILDER,
+    GRAPH_GROUP_ATTR,
     MEMORY_HELPER,
     TP_SYNC_ATTR,
     decide_folded,
     draft_worker_class,
     folded_decision,
+    init_reads,
     proposer_class,
 )
 
@@ -109,6 +111,20 @@ class ProbeGroup:
         return f"ProbeGroup(world_size={self.world_size}, rank={self.rank_in_group})"
 
 
+class _SameRanks:
+    """Another object for the same group: its size and rank, and a
+    ``cpu_group`` of its own where the group has one (a stand-in's token),
+    so a reading over it is told apart from one over the original."""
+
+    def __init__(self, group: Any) -> None:
+        self.world_size = getattr(group, "world_size", 1)
+        self.rank_in_group = getattr(group, "rank_in_group", 0)
+        self.cpu_group = None if getattr(group, "cpu_group", None) is None else object()
+
+    def barrier(self) -> None:
+        return None
+
+
 class _StandInRunner:
     def __init__(self, tp_group: Any) -> None:
         self.tp_group = tp_group
@@ -124,8 +140,14 @@ class WorkerStandIn:
 
     ``cls`` is the installed worker class: the stand-in's methods (and those
     of its draft worker and proposer) take what the installed ones take.
-    ``capture_group`` is the group the draft graphs capture on (the draft
-    model runner's TP group and ``_draft_graph_group``); where the module
+    ``capture_group`` is the group the draft graphs capture on: the worker's
+    ``_draft_graph_group``, set only where the installed ``init_cuda_graphs``
+    reads it (0.5.19 on), else the draft model runner's TP group.
+    ``runner_group`` is the draft model runner's TP group where the worker
+    has its own capture group (default: a distinct object over the same
+    ranks as ``capture_group``, so which one a reading used can be told
+    apart; a server's full TP group where the draft is dense under DP
+    attention). Where the module
     has ``SpecTpSync``, ``_tp_sync`` is a real one built on ``dp_tp_group``
     (the worker builds it on ``get_dp_tp_group()``: the attention-TP group
     under DP attention, the TP group otherwise). A ``capture_group`` without
@@ -146,6 +168,8 @@ class WorkerStandIn:
         on_capture: Any,
         device: str = "cpu",
         gpu_id: int = 0,
+        runner_group: Any = None,
+        dense_draft: bool = False,
     ) -> None:
         if cls is None:
             from sglang_dspark_dp.adapter.worker import WORKER
@@ -154,11 +178,16 @@ class WorkerStandIn:
         self.server_args = SimpleNamespace(disable_cuda_graph=False)
         self._decode_graph_allowed = True
         self._hosts_draft = True
-        self._draft_dp_context_enabled = False
+        self._draft_dp_context_enabled = bool(dense_draft)
         self.device = device
         self.gpu_id = gpu_id
-        self.draft_model_runner = _StandInRunner(capture_group)
-        self._draft_graph_group = capture_group
+        if isinstance(cls, type) and init_reads(cls, GRAPH_GROUP_ATTR):
+            if runner_group is None:
+                runner_group = _SameRanks(capture_group)
+            self.draft_model_runner = _StandInRunner(runner_group)
+            setattr(self, GRAPH_GROUP_ATTR, capture_group)
+        else:
+            self.draft_model_runner = _StandInRunner(capture_group)
         self._draft_sampler = None
         self.sampler_calls: list[dict[str, Any]] = []
         self.folded: bool | None = None

@@ -2,16 +2,20 @@
 and all enter the ``verify_lens`` broadcast? One process per rank, the
 installed DSpark verify planner, CPU only.
 
-The ranks join a ``torch.distributed`` gloo group over loopback and each
-builds the installed ``DSparkVerifyPlanner`` by its own constructor, with
+The ranks join a ``torch.distributed`` gloo group over loopback, cut into
+``groups`` TP groups of ``tp`` ranks side by side (``[0, 1]`` and ``[2, 3]``:
+the TP groups of two pipeline stages, say), each SGLang's own
+``GroupCoordinator`` on gloo where the release lets it be built that way
+(:mod:`sglang_dspark_dp.harness.groups`); every group runs the scenario on
+its own. Each rank builds the installed ``DSparkVerifyPlanner`` by its own
+constructor, with
 its real ``HostConfidenceBudgetPlanner``, a profiled SPS table loaded from
 a file by SGLang's loader, its real top-k verify-length schedule and layout,
 and (overlap path) the real ``ConfidenceRelay``. What stands in
 (:mod:`sglang_dspark_dp.drivers.planner`): the model runner (a request pool
 and a decode CUDA-graph runner that captured ragged-verify tiers), the draft
 model (it has a confidence head; the confidences are given), the runtime
-settings, the TP group coordinator (its ``cpu_group`` is a real gloo group),
-the relay's CUDA events and stream, and the decode batch.
+settings, the relay's CUDA events and stream, and the decode batch.
 
 Two scenarios:
 
@@ -26,9 +30,9 @@ Two scenarios:
   ``late_every``-th step, so its relay resolves None.
 
 The ``verify_lens`` broadcast is checked before it runs: every rank that
-reaches it tells a referee group (a second gloo group every rank enters
-exactly once per step and once per broadcast); only when every rank is there
-does the real broadcast run. A rank left out is reported instead of left to
+reaches it tells its group's referee (a second gloo group over the same
+ranks, which each enters exactly once per step and once per broadcast);
+only when every rank of the group is there does the real broadcast run. A rank left out is reported instead of left to
 hang (in a server the others would wait in it, or pair it with the next
 step's collective). The budget broadcast the repair adds runs on the TP
 group unchecked: if it were ever unbalanced the group's timeout (``hang_s``)
@@ -52,6 +56,7 @@ import time
 import traceback
 from typing import Any
 
+from sglang_dspark_dp.harness import groups
 from sglang_dspark_dp.harness.lockstep import CannotRun, free_port
 from sglang_dspark_dp.harness.ranks import is_int, is_number, run_ranks
 
@@ -81,10 +86,15 @@ class CompactConfig:
     ``scenario``: ``drift`` or ``late`` (see the module). ``mode``: the
     ragged-verify mode (``compact``; ``cap-accept`` also schedules a budget
     and broadcasts ``verify_lens``, but picks no graph tier from it).
+    ``groups`` TP groups of ``tp`` ranks each run side by side (world
+    ``tp * groups``); ``coordinator``: on SGLang's ``GroupCoordinator``
+    where the release lets it be built on gloo.
     """
 
     scenario: str = DRIFT
     tp: int = 2
+    groups: int = 1
+    coordinator: bool = True
     steps: int = 40
     fix: bool = True
     seed: int = 0
@@ -94,8 +104,9 @@ class CompactConfig:
     #: drift: each rank's confidences differ from the shared ones by up to
     #: this much.
     noise: float = 2e-3
-    #: late: whose relay copy is late, and how often (every k-th step,
-    #: counted from the first step the relay can resolve).
+    #: late: whose relay copy is late (its rank within each group), and how
+    #: often (every k-th step, counted from the first step the relay can
+    #: resolve).
     late_rank: int = 1
     late_every: int = 7
     timeout_s: float = 60.0
@@ -106,6 +117,10 @@ class CompactConfig:
     probe_fails: tuple[int, ...] = ()
     #: With ``fix``: the repairs instrumented (of :data:`VERIFY_REPAIRS`).
     repairs: tuple[str, ...] = VERIFY_REPAIRS
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.groups
 
     @property
     def verify_tokens(self) -> int:
@@ -125,7 +140,12 @@ class CompactConfig:
             if self.scenario == DRIFT
             else f"rank {self.late_rank} late every {self.late_every} steps"
         )
-        return f"TP {self.tp}, {self.mode}, {what}"
+        where = (
+            f"TP {self.tp}"
+            if self.groups == 1
+            else (f"{self.groups} TP groups of {self.tp}")
+        )
+        return f"{where}, {self.mode}, {what}"
 
     def validate(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -140,6 +160,11 @@ class CompactConfig:
         if not is_int(self.tp) or not 2 <= self.tp <= MAX_WORLD:
             raise CannotRun(
                 f"tp must be an integer between 2 and {MAX_WORLD}, got {self.tp!r}"
+            )
+        if not is_int(self.groups) or not 1 <= self.groups <= MAX_WORLD // self.tp:
+            raise CannotRun(
+                f"groups must be an integer between 1 and {MAX_WORLD // self.tp} "
+                f"(at most {MAX_WORLD} ranks in all), got {self.groups!r}"
             )
         for field, low, high in (
             ("steps", 1, 10_000),
@@ -178,9 +203,10 @@ class CompactConfig:
             raise CannotRun(
                 f"probe_fails must be a tuple of ranks, got {self.probe_fails!r}"
             ) from None
-        if any(not is_int(r) or not 0 <= r < self.tp for r in fails):
+        if any(not is_int(r) or not 0 <= r < self.world for r in fails):
             raise CannotRun(
-                f"probe_fails must name ranks 0-{self.tp - 1}, got {self.probe_fails!r}"
+                f"probe_fails must name ranks 0-{self.world - 1}, got "
+                f"{self.probe_fails!r}"
             )
         if isinstance(self.repairs, str) or any(
             r not in VERIFY_REPAIRS for r in self.repairs
@@ -196,6 +222,8 @@ class StepOutcome:
     """What every rank did at one step."""
 
     step: int
+    #: The group's ranks (global), in order; each tuple below follows them.
+    ranks: tuple[int, ...]
     budgets: tuple[int | None, ...]
     tiers: tuple[int | None, ...]  # graph_num_tokens (None: no compact layout)
     in_broadcast: tuple[bool, ...]  # entered the verify_lens broadcast
@@ -220,13 +248,13 @@ class StepOutcome:
     def tier_text(self) -> str:
         return "graph tiers " + ", ".join(
             f"rank {r}: {t} (budget {b})"
-            for r, (t, b) in enumerate(zip(self.tiers, self.budgets, strict=True))
+            for r, t, b in zip(self.ranks, self.tiers, self.budgets, strict=True)
         )
 
     def broadcast_text(self) -> str:
-        ins = [r for r, x in enumerate(self.in_broadcast) if x]
-        outs = [r for r, x in enumerate(self.in_broadcast) if not x]
-        late = [r for r, x in enumerate(self.late) if x]
+        ins = [r for r, x in zip(self.ranks, self.in_broadcast, strict=True) if x]
+        outs = [r for r, x in zip(self.ranks, self.in_broadcast, strict=True) if not x]
+        late = [r for r, x in zip(self.ranks, self.late, strict=True) if x]
         why = f"; late: {_ranks(late)}" if late else ""
         return (
             f"only {_ranks(ins)} entered the verify_lens broadcast "
@@ -254,6 +282,8 @@ class CompactResult:
     sglang_version: str
     #: The verify-budget repair's status in each rank (``Status.as_dict()``).
     repairs: tuple[dict[str, Any], ...]
+    #: What the ranks' TP groups were (``GroupCoordinator``, ``PlainGroup``).
+    group_kind: str
     steps: tuple[StepOutcome, ...]
     #: Rank -> what went wrong there (an exception, a timeout, a dead rank).
     errors: dict[int, str]
@@ -261,7 +291,9 @@ class CompactResult:
 
     @property
     def complete(self) -> bool:
-        return not self.errors and len(self.steps) == self.config.steps
+        return not self.errors and (
+            len(self.steps) == self.config.steps * self.config.groups
+        )
 
     @property
     def diverged(self) -> list[StepOutcome]:
@@ -295,14 +327,18 @@ class CompactResult:
         if self.errors:
             first = min(self.errors)
             return (
-                f"{where}: failed after {n} steps (rank {first}: "
+                f"{where}: failed after {n // self.config.groups} steps (rank {first}: "
                 f"{self.errors[first].splitlines()[-1][:200]})"
             )
         if self.agree:
             tiers = sorted({t for s in self.steps for t in s.tiers if t is not None})
             ins = sum(s.broadcast == ALL_IN for s in self.steps)
+            n = n // self.config.groups
+            who = f"all {self.config.tp} ranks"
+            if self.config.groups > 1:
+                who += f" of each of {self.config.groups} groups"
             return (
-                f"{where}: all {self.config.tp} ranks agreed at every one of {n} steps "
+                f"{where}: {who} agreed at every one of {n} steps "
                 f"(graph tiers used: {tiers}; verify_lens broadcast entered by all "
                 f"ranks at {ins} steps, by none at {n - ins})"
             )
@@ -380,29 +416,26 @@ class _Referee:
 
 
 class _TPGroup:
-    """Stands in for SGLang's ``GroupCoordinator`` of the TP group: its
-    size, this rank's place, its gloo ``cpu_group``, and a ``broadcast``
-    that the referee checks before the real one runs."""
+    """The rank's TP group (SGLang's ``GroupCoordinator``, or a plain one)
+    as the planner sees it: everything is the group's own, except that its
+    ``broadcast`` asks the referee first whether every rank of the group
+    is there."""
 
-    def __init__(self, ranks: list[int], rank: int, pg: Any, referee: _Referee):
-        self.ranks = list(ranks)
-        self.world_size = len(ranks)
-        self.rank_in_group = self.ranks.index(rank)
-        self.first_rank = self.ranks[0]
-        self.cpu_group = pg
-        self.device_group = pg
+    def __init__(self, group: Any, referee: _Referee):
+        self._group = group
         self._referee = referee
         self.step = -1
         self.entered = False
         self.outcome = NONE_IN
 
-    def broadcast(self, tensor: Any, src: int = 0) -> Any:
-        import torch.distributed as dist
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._group, name)
 
+    def broadcast(self, tensor: Any, src: int = 0) -> Any:
         self.entered = True
         seen = self._referee.where(_BCAST, self.step)
         if all(s == (_BCAST, self.step) for s in seen):
-            dist.broadcast(tensor, src=self.ranks[src], group=self.cpu_group)
+            self._group.broadcast(tensor, src=src)
             self.outcome = ALL_IN
         else:
             # Others never come: a server would hang here, or pair this with
@@ -410,13 +443,8 @@ class _TPGroup:
             self.outcome = LEFT_OUT
         return tensor
 
-    def barrier(self) -> None:
-        import torch.distributed as dist
-
-        dist.barrier(group=self.cpu_group)
-
     def __repr__(self) -> str:
-        return f"_TPGroup(ranks={self.ranks})"
+        return f"_TPGroup({self._group!r})"
 
 
 def _near_tie(cfg: CompactConfig, oracle: Any, module: Any, shape: Any) -> Any:
@@ -513,16 +541,22 @@ def _rank_run(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
-        world_size=cfg.tp,
+        world_size=cfg.world,
         timeout=datetime.timedelta(seconds=cfg.timeout_s),
     )
-    everyone = list(range(cfg.tp))
-    tp_pg = dist.new_group(everyone, timeout=datetime.timedelta(seconds=cfg.hang_s))
-    referee = _Referee(
-        dist.new_group(everyone, timeout=datetime.timedelta(seconds=cfg.timeout_s)),
-        cfg.tp,
+    tp_layout = groups.partition(cfg.world, cfg.tp)
+    base = groups.make_group(
+        tp_layout, rank, name="tp", timeout_s=cfg.hang_s, coordinator=cfg.coordinator
     )
-    group = _TPGroup(everyone, rank, tp_pg, referee)
+    referee_groups = [
+        dist.new_group(r, timeout=datetime.timedelta(seconds=cfg.timeout_s))
+        for r in tp_layout
+    ]
+    index = tp_layout.index(groups.group_of(tp_layout, rank))
+    referee = _Referee(referee_groups[index], cfg.tp)
+    group = _TPGroup(base, referee)
+    status["group_kind"] = groups.kind(base)
+    in_group = group.rank_in_group
 
     rows = torch.arange(1, cfg.bs + 1, dtype=torch.int64)
     prefix = torch.full((cfg.bs,), 64, dtype=torch.int64)
@@ -556,7 +590,7 @@ def _rank_run(
             group=group,
             gamma=cfg.gamma,
             verify_num_draft_tokens=cfg.verify_tokens,
-            tp_rank=rank,
+            tp_rank=in_group,
         )
         oracle = None
         if cfg.scenario == DRIFT:
@@ -588,7 +622,7 @@ def _rank_run(
             future_map = standins.FutureMapStandIn(
                 relay, standins.CopyStream(), publish_ready=object()
             )
-        shared = torch.Generator().manual_seed(cfg.seed)
+        shared = torch.Generator().manual_seed(cfg.seed + 7919 * index)
         own = torch.Generator().manual_seed(cfg.seed * 1000 + rank + 1)
         for step in range(cfg.steps):
             shape = torch.rand((cfg.bs, cfg.gamma), generator=shared) * 0.6 + 0.4
@@ -604,7 +638,7 @@ def _rank_run(
                 confidence = shape
                 batch = standins.decode_batch(req_pool_indices=rows)
                 draft_input = batch.spec_info
-                late_now[0] = rank == cfg.late_rank and (
+                late_now[0] = in_group == cfg.late_rank and (
                     step >= lag and (step - lag) % cfg.late_every == cfg.late_every - 1
                 )
                 planner.prepare_verify_budget(batch, future_map)
@@ -683,7 +717,7 @@ def run_compact_verify(cfg: CompactConfig) -> CompactResult:
     start = time.monotonic()
     try:
         reports = run_ranks(
-            cfg.tp,
+            cfg.world,
             functools.partial(_rank_body, cfg=cfg, port=port, sps_path=sps_path),
             _rank_failed,
             timeout_s=cfg.timeout_s,
@@ -694,7 +728,7 @@ def run_compact_verify(cfg: CompactConfig) -> CompactResult:
         except OSError:
             pass
     errors: dict[int, str] = {}
-    for r in range(cfg.tp):
+    for r in range(cfg.world):
         report = reports.get(r)
         if report is None:
             errors[r] = f"no report within {cfg.timeout_s:g} s (killed)"
@@ -702,26 +736,33 @@ def run_compact_verify(cfg: CompactConfig) -> CompactResult:
             errors[r] = report["error"]
     by_rank = [
         {rec["step"]: rec for rec in reports.get(r, {}).get("records", [])}
-        for r in range(cfg.tp)
+        for r in range(cfg.world)
     ]
     steps = []
-    for step in range(cfg.steps):
-        recs = [ranks.get(step) for ranks in by_rank]
-        if any(rec is None for rec in recs):
-            break
-        steps.append(
-            StepOutcome(
-                step=step,
-                budgets=tuple(rec["budget"] for rec in recs),
-                tiers=tuple(rec["tier"] for rec in recs),
-                in_broadcast=tuple(bool(rec["entered"]) for rec in recs),
-                late=tuple(bool(rec["late"]) for rec in recs),
+    for ranks in groups.partition(cfg.world, cfg.tp):
+        for step in range(cfg.steps):
+            recs = [by_rank[r].get(step) for r in ranks]
+            if any(rec is None for rec in recs):
+                break
+            steps.append(
+                StepOutcome(
+                    step=step,
+                    ranks=tuple(ranks),
+                    budgets=tuple(rec["budget"] for rec in recs),
+                    tiers=tuple(rec["tier"] for rec in recs),
+                    in_broadcast=tuple(bool(rec["entered"]) for rec in recs),
+                    late=tuple(bool(rec["late"]) for rec in recs),
+                )
             )
-        )
+    statuses = [reports.get(r, {}).get("status", {}) for r in range(cfg.world)]
+    kinds = {st.get("group_kind") for st in statuses if st.get("group_kind")}
     return CompactResult(
         config=cfg,
         sglang_version=installed_sglang_version() or "unknown",
-        repairs=tuple(reports.get(r, {}).get("status", {}) for r in range(cfg.tp)),
+        repairs=tuple(
+            {k: v for k, v in st.items() if k != "group_kind"} for st in statuses
+        ),
+        group_kind=", ".join(sorted(kinds)) or "unknown",
         steps=tuple(steps),
         errors=errors,
         seconds=time.monotonic() - start,

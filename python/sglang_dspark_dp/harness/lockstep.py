@@ -1,13 +1,18 @@
-"""DP lockstep harness: one process per DP rank, real SGLang code, CPU only.
+"""DP lockstep harness: one process per rank, real SGLang code, CPU only.
 
-The ranks join a ``torch.distributed`` gloo group over loopback. At every
-decode step each rank:
+The ranks join a ``torch.distributed`` gloo group over loopback: ``dp`` DP
+ranks of ``attn_tp`` attention-TP ranks each (``--tp dp*attn_tp --dp dp
+--enable-dp-attention``; with attention TP 2 the attention-TP groups are
+``[0, 1]``, ``[2, 3]``, ...). The ranks of one DP rank share its requests.
+At every decode step each rank:
 
-1. takes its running-request count from its own :class:`RankChurn`;
-2. all-gathers ``[num_tokens, num_tokens_for_logprob, can_cuda_graph]`` as
-   SGLang's scheduler does for DP attention, and writes the result into its
-   ``ScheduleBatch`` with SGLang's own ``_update_gather_batch`` where the
-   installed release has it;
+1. takes its DP rank's running-request count from that DP rank's
+   :class:`RankChurn`;
+2. all-gathers ``[num_tokens, num_tokens_for_logprob, can_cuda_graph]`` over
+   every rank, as SGLang's scheduler does for DP attention, keeps each DP
+   rank's first attention-TP rank's row (SGLang's ``tp0_info``), and writes
+   the result into its ``ScheduleBatch`` with SGLang's own
+   ``_update_gather_batch`` where the installed release has it;
 3. builds its DSpark draft batch with the real ``DraftBlockProposer``
    (busy path or idle path) and runs the real ``can_run_graph``;
 4. all-gathers its decisions (admission, the capture size it pads to, the
@@ -55,11 +60,17 @@ class CannotRun(Exception):
 class RunConfig:
     dp: int = 4
     ep_sizes: tuple[int, ...] = (1, 4)
+    #: Attention-TP ranks per DP rank (the world is ``dp * attn_tp``).
+    attn_tp: int = 1
     steps: int = 2000
     seed: int = 0
     fix: bool = True
     port: int = 0
     timeout_s: float = 60.0
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.attn_tp
 
     def validate(self) -> None:
         if isinstance(self.dp, bool) or not isinstance(self.dp, int):
@@ -69,11 +80,23 @@ class RunConfig:
                 f"--dp must be between 2 and {MAX_DP} (DP attention needs at least "
                 f"2 ranks), got {self.dp}"
             )
+        if (
+            isinstance(self.attn_tp, bool)
+            or not isinstance(self.attn_tp, int)
+            or not 1 <= self.attn_tp <= MAX_DP // self.dp
+        ):
+            raise CannotRun(
+                f"attn_tp must be an integer between 1 and {MAX_DP // self.dp} "
+                f"(at most {MAX_DP} ranks in all), got {self.attn_tp!r}"
+            )
         if self.steps < 1:
             raise CannotRun(f"--steps must be at least 1, got {self.steps!r}")
         for ep in self.ep_sizes:
-            if ep < 1 or ep > self.dp:
-                raise CannotRun(f"EP size must be between 1 and --dp, got {ep!r}")
+            if ep < 1 or ep > self.world:
+                raise CannotRun(
+                    f"EP size must be between 1 and the number of ranks "
+                    f"({self.world}), got {ep!r}"
+                )
 
 
 @dataclasses.dataclass
@@ -161,7 +184,7 @@ def _rank_main(rank: int, cfg: RunConfig, port: int, results, progress) -> None:
             "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
-            world_size=cfg.dp,
+            world_size=cfg.world,
             timeout=datetime.timedelta(seconds=cfg.timeout_s),
         )
     except Exception as exc:
@@ -205,15 +228,20 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
     tiers: dict[int, Counter] = {}
     steps_done: dict[int, int] = {}
     failure: Failure | None = None
-    world = cfg.dp
+    world = cfg.world
+    dp_rank, attn_rank = divmod(rank, cfg.attn_tp)
+    topology = dict(
+        dp_size=cfg.dp,
+        dp_rank=dp_rank,
+        attn_tp_size=cfg.attn_tp,
+        attn_tp_rank=attn_rank,
+    )
     fault = _fault()
     for ep in cfg.ep_sizes:
         tiers[ep] = Counter()
         steps_done[ep] = 0
-        churn = RankChurn(seed=cfg.seed, rank=rank, dp=cfg.dp, steps=cfg.steps)
-        with adapter.parallel_override(
-            api.get_parallel, dp_size=cfg.dp, dp_rank=rank, ep_size=ep
-        ):
+        churn = RankChurn(seed=cfg.seed, rank=dp_rank, dp=cfg.dp, steps=cfg.steps)
+        with adapter.parallel_override(api.get_parallel, ep_size=ep, **topology):
             driver = DraftDriver(
                 api,
                 gamma=DRAFT_WIDTH,
@@ -238,7 +266,9 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
             if pending is not None:
                 pt, _, ptext = pending
                 everyone = [g[3:] for g in gathered]
-                failure = _judge(pt, ep, everyone, prev_counts, driver.width)
+                failure = _judge(
+                    pt, ep, everyone, prev_counts, driver.width, cfg.attn_tp
+                )
                 if failure is not None and failure.rank is not None:
                     texts: list[Any] = [None] * world
                     dist.all_gather_object(texts, ptext)
@@ -255,10 +285,20 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
                     progress.value += 1
             if t == cfg.steps:
                 break
-            sync = [g[:3] for g in gathered]
+            # One row per DP rank: its first attention-TP rank's.
+            sync = [g[:3] for g in gathered[:: cfg.attn_tp]]
             counts = [g[0] for g in sync]
             decision, text = _decide(
-                api, writer, driver, sync, rank, cfg, ep, capture, wants_device
+                api,
+                writer,
+                driver,
+                sync,
+                dp_rank,
+                cfg,
+                ep,
+                capture,
+                wants_device,
+                attn_rank=attn_rank,
             )
             pending = (t, decision, text)
             prev_counts = counts
@@ -268,10 +308,13 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
         results.put(("done", rank, (plugin, steps_done, tiers, failure)))
 
 
-def _decide(api, writer, driver, sync, rank, cfg, ep, capture, wants_device):
-    """Build this rank's draft batch for one step; return its decision
-    vector (see :data:`DECISION`) and a text: the error if it raised, else
-    the wrong fields (empty when the batch is correct)."""
+def _decide(
+    api, writer, driver, sync, rank, cfg, ep, capture, wants_device, *, attn_rank=0
+):
+    """Build this rank's draft batch for one step (``rank``: its DP rank,
+    ``attn_rank``: its place among that DP rank's attention-TP ranks);
+    return its decision vector (see :data:`DECISION`) and a text: the error
+    if it raised, else the wrong fields (empty when the batch is correct)."""
     import torch
 
     from sglang_dspark_dp import adapter, expectations
@@ -282,7 +325,12 @@ def _decide(api, writer, driver, sync, rank, cfg, ep, capture, wants_device):
     counts = [row[0] for row in sync]
     decision = [1, 0, 0, 0, -1, 0, count]
     with adapter.parallel_override(
-        api.get_parallel, dp_size=cfg.dp, dp_rank=rank, ep_size=ep
+        api.get_parallel,
+        dp_size=cfg.dp,
+        dp_rank=rank,
+        ep_size=ep,
+        attn_tp_size=cfg.attn_tp,
+        attn_tp_rank=attn_rank,
     ):
         try:
             seq_lens = torch.full((count,), 16, dtype=torch.int64)
@@ -326,17 +374,37 @@ def _decide(api, writer, driver, sync, rank, cfg, ep, capture, wants_device):
     return decision, text
 
 
-def _judge(t, ep, everyone, counts, width) -> Failure | None:
+def _judge(t, ep, everyone, counts, width, attn_tp: int = 1) -> Failure | None:
     """Compare the ranks' decisions of one step (every rank computes the
-    same verdict from the same gathered data)."""
+    same verdict from the same gathered data; ``counts``: one per DP rank,
+    ``attn_tp`` ranks each)."""
     from sglang_dspark_dp.expectations import draft_tokens
 
     col = {key: i for i, key in enumerate(DECISION)}
     for r, d in enumerate(everyone):
         if d[col["ok"]] == 0:
             return Failure(t, ep, "crash", r, "the step raised", {"counts": counts})
-    for key in ("admitted", "bucket", "padded_tokens"):
+    keys = ("admitted", "bucket", "padded_tokens")
+    if attn_tp > 1:  # the ranks of one DP rank must also match each other
+        keys = (*keys, "non_padded_cpu")
+    for key in keys:
         values = [d[col[key]] for d in everyone]
+        if key == "non_padded_cpu":
+            values = [d[col[key]] for d in everyone]
+            firsts = values[::attn_tp]
+            odd = next(
+                (r for r, v in enumerate(values) if v != firsts[r // attn_tp]), None
+            )
+            if odd is not None:
+                return Failure(
+                    t,
+                    ep,
+                    "disagreement",
+                    odd,
+                    "the attention-TP ranks of one DP rank disagree on non_padded_cpu",
+                    {key: values, "counts": counts},
+                )
+            continue
         if len(set(values)) != 1:
             odd = next(r for r, v in enumerate(values) if v != values[0])
             return Failure(
@@ -357,7 +425,7 @@ def _judge(t, ep, everyone, counts, width) -> Failure | None:
                 f"{d[col['gaps']]} field(s) of the draft batch are wrong",
                 {"counts": counts},
             )
-    total = sum(d[col["non_padded_cpu"]] for d in everyone)
+    total = sum(d[col["non_padded_cpu"]] for d in everyone[::attn_tp])
     want = sum(draft_tokens(c, width) for c in counts)
     if total != want:
         return Failure(
@@ -414,12 +482,12 @@ def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
         ctx.Process(
             target=_rank_main, args=(r, cfg, port, results, progress), daemon=True
         )
-        for r in range(cfg.dp)
+        for r in range(cfg.world)
     ]
     start = time.monotonic()
     total = cfg.steps * len(cfg.ep_sizes)
     # A generous wall-clock bound: start-up plus a few ms per rank-step.
-    deadline = start + 120 + total * cfg.dp * 0.02 + cfg.timeout_s
+    deadline = start + 120 + total * cfg.world * 0.02 + cfg.timeout_s
     outcome = None
     try:
         for p in procs:

@@ -11,9 +11,16 @@ in:
 - each rank's free memory (the helper's CPU branch is made to find the
   configured amount: ``psutil``'s available memory, one NUMA node, no cgroup
   cap) and the worker's platform checks (answer CUDA);
-- the groups: the capture group is every TP rank (plain TP, or DP attention
-  with a DeepSeek-V4/MoE draft, whose graphs capture on the full TP group);
-  under DP attention ``SpecTpSync`` gets the attention-TP group;
+- the groups, laid out as a server lays them out and built as SGLang's own
+  ``GroupCoordinator`` on gloo where the release lets it be
+  (:mod:`sglang_dspark_dp.harness.groups`): ``groups`` TP groups of ``tp``
+  ranks side by side (a second one's ranks start at ``tp``), attention-TP
+  groups inside each under DP attention; the capture group is the TP group
+  (plain TP, or DP attention with a DeepSeek-V4/MoE draft, whose graphs
+  capture on the full TP group) or, for a dense draft under DP attention,
+  the attention-TP group; ``SpecTpSync`` gets the attention-TP group under
+  DP attention, else the TP group. Each capture group decides on its own:
+  its ranks must agree, from its own minimum;
 - the draft runner's capture, which records the decision and, with
   ``barrier`` on, enters a barrier on the capture group as
   ``FullCudaGraphBackend``'s capture does. A rank that skips capture never
@@ -40,6 +47,7 @@ import sys
 import time
 from typing import Any
 
+from sglang_dspark_dp.harness import groups
 from sglang_dspark_dp.harness.lockstep import CannotRun, free_port
 from sglang_dspark_dp.harness.ranks import is_int, is_number, run_ranks
 
@@ -68,9 +76,13 @@ STANDARD_TOPOLOGIES: tuple[tuple[int, int], ...] = ((2, 1), (4, 1), (8, 1), (4, 
 class StartupConfig:
     """One startup to run.
 
-    ``tp`` ranks in all; ``dp > 1`` turns DP attention on (attention TP
-    ``tp // dp``). ``free_gib``: each rank's free memory in GiB (None: 40 GiB
-    everywhere but the last rank, which has 0.6). ``spec_tp_sync``: a value
+    ``tp`` ranks per TP group, ``groups`` TP groups side by side (world
+    ``tp * groups``); ``dp > 1`` turns DP attention on (attention TP
+    ``tp // dp``); ``dense_draft``: under DP attention the draft captures
+    on the attention-TP group. ``free_gib``: each rank's free memory in GiB,
+    one per rank of the world (None: 40 GiB everywhere but the last rank,
+    which has 0.6). ``coordinator``: the groups are SGLang's
+    ``GroupCoordinator`` where it can be built on gloo. ``spec_tp_sync``: a value
     for ``SGLANG_SPEC_TP_SYNC`` in the ranks (None: left as it is).
     ``hang_s``: how long a capture barrier waits for its peers before the
     run counts it as a hang. ``timeout_s``: the whole run's bound.
@@ -78,6 +90,9 @@ class StartupConfig:
 
     tp: int = 4
     dp: int = 1
+    groups: int = 1
+    dense_draft: bool = False
+    coordinator: bool = True
     free_gib: tuple[float, ...] | None = None
     fix: bool = True
     timeout_s: float = 60.0
@@ -100,18 +115,37 @@ class StartupConfig:
     def dp_attention(self) -> bool:
         return self.dp > 1
 
+    @property
+    def world(self) -> int:
+        return self.tp * self.groups
+
+    def capture_size(self) -> int:
+        """Ranks per capture group."""
+        return self.attn_tp if self.dense_draft else self.tp
+
+    def capture_groups(self) -> list[list[int]]:
+        """The world's capture groups (each decides on its own)."""
+        from sglang_dspark_dp.harness.groups import partition
+
+        return partition(self.world, self.capture_size())
+
     def free(self) -> tuple[float, ...]:
         """Each rank's free memory (GiB)."""
         if self.free_gib is not None:
             return tuple(float(x) for x in self.free_gib)
-        if self.tp == 1:
+        if self.world == 1:
             return (SHORT_GIB,)
-        return (PLENTY_GIB,) * (self.tp - 1) + (SHORT_GIB,)
+        return (PLENTY_GIB,) * (self.world - 1) + (SHORT_GIB,)
 
     def describe(self) -> str:
+        text = f"TP {self.tp}"
         if self.dp_attention:
-            return f"TP {self.tp}, DP attention {self.dp} (attention TP {self.attn_tp})"
-        return f"TP {self.tp}"
+            text += f", DP attention {self.dp} (attention TP {self.attn_tp})"
+            if self.dense_draft:
+                text += ", dense draft"
+        if self.groups > 1:
+            text = f"{self.groups} groups of {text}"
+        return text
 
     def validate(self) -> None:
         if not is_int(self.tp) or not 1 <= self.tp <= MAX_WORLD:
@@ -124,6 +158,15 @@ class StartupConfig:
             )
         if self.tp % self.dp:
             raise CannotRun(f"dp must divide tp (tp={self.tp}), got dp={self.dp}")
+        if not is_int(self.groups) or not 1 <= self.groups <= MAX_WORLD // self.tp:
+            raise CannotRun(
+                f"groups must be an integer between 1 and {MAX_WORLD // self.tp} "
+                f"(at most {MAX_WORLD} ranks in all), got {self.groups!r}"
+            )
+        if self.dense_draft and not self.dp_attention:
+            raise CannotRun(
+                f"dense_draft needs DP attention (dp > 1), got dp={self.dp!r}"
+            )
         if self.free_gib is not None:
             try:
                 values = tuple(self.free_gib)
@@ -131,10 +174,11 @@ class StartupConfig:
                 raise CannotRun(
                     f"free_gib must be one number per rank, got {self.free_gib!r}"
                 ) from None
-            if len(values) != self.tp:
+            if len(values) != self.world:
                 raise CannotRun(
-                    f"free_gib must have one value per rank (tp={self.tp}), got "
-                    f"{len(values)}: {self.free_gib!r}"
+                    f"free_gib must have one value per rank ({self.world} ranks: "
+                    f"tp={self.tp} x groups={self.groups}), got {len(values)}: "
+                    f"{self.free_gib!r}"
                 )
             for i, value in enumerate(values):
                 if not is_number(value) or value < 0:
@@ -153,10 +197,11 @@ class StartupConfig:
             )
         if not is_int(self.port) or not 0 <= self.port <= 65535:
             raise CannotRun(f"port must be an integer 0-65535, got {self.port!r}")
-        bad = [r for r in self.probe_fails if not is_int(r) or not 0 <= r < self.tp]
+        bad = [r for r in self.probe_fails if not is_int(r) or not 0 <= r < self.world]
         if bad:
             raise CannotRun(
-                f"probe_fails must name ranks 0-{self.tp - 1}, got {self.probe_fails!r}"
+                f"probe_fails must name ranks 0-{self.world - 1}, got "
+                f"{self.probe_fails!r}"
             )
         if self.after_init and (not self.fix or self.probe_fails):
             raise CannotRun(
@@ -176,6 +221,8 @@ class RankOutcome:
 
     rank: int
     dp_rank: int
+    #: Its capture group's ranks (global).
+    group: tuple[int, ...]
     free_gib: float  # the free memory it was given
     read_gib: float | None  # the figure its decision compared (None: none read)
     reduced: bool  # that figure was reduced over the capture group
@@ -228,14 +275,28 @@ class StartupResult:
     repair: dict[str, Any]
     ranks: tuple[RankOutcome, ...]
     seconds: float
+    #: What the ranks' groups were (``GroupCoordinator``, ``PlainGroup``).
+    group_kind: str = ""
+
+    def by_group(self) -> list[list[RankOutcome]]:
+        """The ranks of each capture group."""
+        out: dict[tuple[int, ...], list[RankOutcome]] = {}
+        for r in self.ranks:
+            out.setdefault(r.group, []).append(r)
+        return list(out.values())
+
+    @staticmethod
+    def _agree(ranks: list[RankOutcome]) -> bool:
+        return all(r.finished for r in ranks) and (
+            len({(r.decision, r.folded) for r in ranks}) == 1
+        )
 
     @property
     def agree(self) -> bool:
-        """Every rank finished ``init_cuda_graphs`` with the same decisions
-        (capture, and folded sampling where it was decided)."""
-        return all(r.finished for r in self.ranks) and (
-            len({(r.decision, r.folded) for r in self.ranks}) == 1
-        )
+        """In every capture group, every rank finished ``init_cuda_graphs``
+        with the same decisions (capture, and folded sampling where it was
+        decided)."""
+        return all(self._agree(g) for g in self.by_group())
 
     @property
     def hung(self) -> bool:
@@ -243,31 +304,46 @@ class StartupResult:
 
     @property
     def decision(self) -> str | None:
-        """The ranks' common decision (None: they do not agree)."""
-        return self.ranks[0].decision if self.agree else None
+        """The ranks' common decision (None: not all the same)."""
+        decisions = {(r.decision, r.folded) for r in self.ranks}
+        if self.agree and len(decisions) == 1:
+            return self.ranks[0].decision
+        return None
+
+    def expected_of(self, group: tuple[int, ...]) -> str:
+        """What the ranks of a capture group should decide: skip if any of
+        them is short."""
+        free = self.config.free()
+        return SKIPPED if min(free[r] for r in group) < _cutoff() else CAPTURED
 
     @property
-    def expected(self) -> str:
-        """What all ranks should decide: skip if any rank is short."""
-        cutoff = _cutoff()
-        return SKIPPED if min(self.config.free()) < cutoff else CAPTURED
+    def expected(self) -> str | None:
+        """What all ranks should decide (None: the groups differ)."""
+        wanted = {self.expected_of(r.group) for r in self.ranks}
+        return wanted.pop() if len(wanted) == 1 else None
 
     @property
     def correct(self) -> bool:
-        return self.agree and self.decision == self.expected
+        return self.agree and all(
+            r.decision == self.expected_of(r.group) for r in self.ranks
+        )
 
     @property
     def divergence(self) -> str:
-        """Empty when the ranks agree; else which ranks did what."""
+        """Empty when every group's ranks agree; else which ranks did what."""
         if self.agree:
             return ""
-        groups: dict[str, list[int]] = {}
-        for r in self.ranks:
-            groups.setdefault(r.describe(), []).append(r.rank)
-        parts = [f"{_ranks_text(ranks)} {text}" for text, ranks in groups.items()]
+        parts = []
+        for ranks in self.by_group():
+            if self._agree(ranks):
+                continue
+            seen: dict[str, list[int]] = {}
+            for r in ranks:
+                seen.setdefault(r.describe(), []).append(r.rank)
+            parts.extend(f"{_ranks_text(rs)} {text}" for text, rs in seen.items())
         if self.hung:
             head = "startup hang: "
-        elif len({r.decision for r in self.ranks}) == 1:
+        elif all(len({r.decision for r in g}) == 1 for g in self.by_group()):
             head = (
                 "ranks disagree on folded sampling (a mismatched collective at "
                 "the first sampling step): "
@@ -281,23 +357,33 @@ class StartupResult:
         where = f"{self.config.describe()}, {'fixed' if self.config.fix else 'stock'}"
         if not self.agree:
             return f"{where}: {self.divergence}"
-        r = self.ranks[0]
+        return f"{where}: " + "; ".join(self._group_summary(g) for g in self.by_group())
+
+    def _group_summary(self, ranks: list[RankOutcome]) -> str:
+        r = ranks[0]
         if len(self.ranks) == 1:
             how = "one rank, nothing to reduce"
-        elif all(x.reduced for x in self.ranks):
+        elif all(x.reduced for x in ranks):
             how = "reduced over the capture group"
         else:
             how = "each rank its own reading"
-        verdict = "" if self.correct else f" (expected: {self.expected})"
-        who = f"all {len(self.ranks)} ranks" if len(self.ranks) > 1 else "the rank"
+        want = self.expected_of(r.group)
+        verdict = "" if r.decision == want else f" (expected: {want})"
+        if len(self.ranks) == 1:
+            who = "the rank"
+        elif len(ranks) == len(self.ranks):
+            who = f"all {len(ranks)} ranks"
+        else:
+            who = f"capture group {list(r.group)}: all {len(ranks)} ranks"
         folded = (
             ""
             if r.folded is None
             else f" {'with' if r.folded else 'without'} folded sampling"
         )
+        free = self.config.free()
         return (
-            f"{where}: {who} {r.decision} draft CUDA graphs{folded} "
-            f"({how}; min free {min(self.config.free()):.2f} GiB, cutoff "
+            f"{who} {r.decision} draft CUDA graphs{folded} "
+            f"({how}; min free {min(free[x] for x in r.group):.2f} GiB, cutoff "
             f"{_cutoff():.1f} GiB){verdict}"
         )
 
@@ -310,6 +396,7 @@ class StartupResult:
             "hung": self.hung,
             "decision": self.decision,
             "expected": self.expected,
+            "group_kind": self.group_kind,
             "divergence": self.divergence,
             "ranks": [dataclasses.asdict(r) for r in self.ranks],
             "seconds": round(self.seconds, 3),
@@ -327,53 +414,33 @@ def _cutoff() -> float:
 # --------------------------------------------------------------------------
 
 
-class _Group:
-    """Stands in for SGLang's ``GroupCoordinator``: its size, this rank's
-    place in it, its gloo ``cpu_group`` and the barrier over it."""
-
-    def __init__(self, ranks: list[int], rank: int, pg: Any) -> None:
-        self.ranks = list(ranks)
-        self.world_size = len(ranks)
-        self.rank_in_group = self.ranks.index(rank)
-        self.cpu_group = pg
-        self.device_group = pg
-
-    def barrier(self) -> None:
-        import torch.distributed as dist
-
-        dist.barrier(group=self.cpu_group)
-
-    def broadcast(self, tensor: Any, src: int = 0) -> Any:
-        import torch.distributed as dist
-
-        if self.world_size > 1:
-            dist.broadcast(tensor, src=self.ranks[src], group=self.cpu_group)
-        return tensor
-
-    def __repr__(self) -> str:
-        return f"_Group(ranks={self.ranks})"
-
-
-def _groups(dist: Any, rank: int, cfg: StartupConfig) -> tuple[_Group, _Group]:
-    """``(capture group, the group SpecTpSync is built on)``; every rank
-    creates every group, in the same order."""
-    hang = datetime.timedelta(seconds=cfg.hang_s)
-    everyone = list(range(cfg.tp))
-    capture = _Group(everyone, rank, dist.new_group(everyone, timeout=hang))
+def _groups(rank: int, cfg: StartupConfig) -> tuple[Any, Any, Any]:
+    """``(capture group, the draft model runner's TP group, the group
+    SpecTpSync is built on)``; every rank creates every group, in the same
+    order."""
+    tp = groups.make_group(
+        groups.partition(cfg.world, cfg.tp),
+        rank,
+        name="tp",
+        timeout_s=cfg.hang_s,
+        coordinator=cfg.coordinator,
+    )
     if not cfg.dp_attention:
-        return capture, capture
-    mine = None
-    for d in range(cfg.dp):
-        ranks = list(range(d * cfg.attn_tp, (d + 1) * cfg.attn_tp))
-        pg = None
-        if cfg.attn_tp > 1:
-            pg = dist.new_group(
-                ranks, timeout=datetime.timedelta(seconds=cfg.timeout_s)
-            )
-        if rank in ranks:
-            mine = _Group(ranks, rank, pg)
-    assert mine is not None
-    return capture, mine
+        return tp, tp, tp
+    attn_layout = groups.partition(cfg.world, cfg.attn_tp)
+    if cfg.attn_tp > 1:
+        attn = groups.make_group(
+            attn_layout,
+            rank,
+            name="attn_tp",
+            timeout_s=cfg.hang_s,
+            coordinator=cfg.coordinator,
+        )
+    else:  # one rank each: nothing to communicate over
+        attn = groups.PlainGroup(groups.group_of(attn_layout, rank), rank, None)
+    if cfg.dense_draft:
+        return attn, tp, attn
+    return tp, tp, attn
 
 
 def _rank_body(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
@@ -420,14 +487,14 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
-        world_size=cfg.tp,
+        world_size=cfg.world,
         timeout=datetime.timedelta(seconds=cfg.timeout_s),
     )
     if cfg.after_init:
         adapter.load_plugins()
     statuses = [r.status() for r in repairs]
     status = next((st for st in statuses if st.enabled), statuses[0])
-    capture, dp_tp = _groups(dist, rank, cfg)
+    capture, runner_tp, dp_tp = _groups(rank, cfg)
     told: list[bool] = []
     in_barrier: list[bool] = []
 
@@ -444,6 +511,8 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
         capture_group=capture,
         dp_tp_group=dp_tp,
         on_capture=draft_capture,
+        runner_group=runner_tp,
+        dense_draft=cfg.dense_draft,
     )
     recorded = standins.RecordedReadings(adapter.memory_helper_sites(module, worker))
     decision, detail = ERROR, ""
@@ -481,6 +550,8 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
             )
         ),
         "folded": worker.folded,
+        "group": list(capture.ranks),
+        "group_kind": groups.kind(capture),
         "status": status.as_dict(),
         "statuses": [
             {"repair": st.repair, "outcome": st.outcome.value, "reason": st.reason}
@@ -509,14 +580,15 @@ def run_startup(cfg: StartupConfig) -> StartupResult:
     port = free_port(cfg.port)
     start = time.monotonic()
     reports = run_ranks(
-        cfg.tp,
+        cfg.world,
         functools.partial(_rank_body, cfg=cfg, port=port),
         _rank_failed,
         timeout_s=cfg.timeout_s,
     )
     free = cfg.free()
+    capture_groups = cfg.capture_groups()
     ranks = []
-    for r in range(cfg.tp):
+    for r in range(cfg.world):
         report = reports.get(r)
         if report is None:
             report = {
@@ -526,7 +598,8 @@ def run_startup(cfg: StartupConfig) -> StartupResult:
         ranks.append(
             RankOutcome(
                 rank=r,
-                dp_rank=r // cfg.attn_tp if cfg.dp_attention else 0,
+                dp_rank=(r % cfg.tp) // cfg.attn_tp if cfg.dp_attention else 0,
+                group=tuple(groups.group_of(capture_groups, r)),
                 free_gib=free[r],
                 read_gib=report.get("read_gib"),
                 reduced=bool(report.get("reduced", False)),
@@ -540,12 +613,14 @@ def run_startup(cfg: StartupConfig) -> StartupResult:
     status = next(
         (rep["status"] for _, rep in sorted(reports.items()) if "status" in rep), {}
     )
+    kinds = {rep.get("group_kind") for rep in reports.values() if rep.get("group_kind")}
     return StartupResult(
         config=cfg,
         sglang_version=installed_sglang_version() or "unknown",
         repair=status,
         ranks=tuple(ranks),
         seconds=time.monotonic() - start,
+        group_kind=", ".join(sorted(kinds)),
     )
 
 
