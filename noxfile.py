@@ -18,6 +18,10 @@ Not run by default:
 * ``compat(sglang=V)``: the full suite, ``doctor --json`` and a short
   ``verify`` without and with the plugin on every release; writes
   ``compat/<V>.json`` and regenerates ``COMPATIBILITY.md``;
+* ``mutants(sglang=V)``: each mutant of ``test/mutants.toml`` (one small
+  bug per behaviour the README promises) applied to a scratch copy, its
+  tests run there; fails unless every live mutant is killed (0.5.16 and
+  0.5.23);
 * ``backport -- PATH [CHANGE ...]``: an SGLang build (source tree or wheel)
   that carries backported upstream changes, judged alone by behaviour
   (plugin off), one verdict per change.
@@ -181,6 +185,21 @@ def compat(session: nox.Session, sglang: str) -> None:
     session.run("python", "scripts/compat.py", "row", "--junit", junit)
     session.run("python", "scripts/compat.py", "table")
     session.run("python", "scripts/compat.py", "check", junit)
+
+
+#: The releases ``nox -s mutants`` runs on: the one whose stock draft batch
+#: crashes (every repair live) and the latest.
+MUTANT_RELEASES = ["0.5.16", "0.5.23"]
+
+
+@nox.session(python="3.11")
+@nox.parametrize("sglang", MUTANT_RELEASES)
+def mutants(session: nox.Session, sglang: str) -> None:
+    """Apply each mutant of ``test/mutants.toml`` to a scratch copy and run
+    its tests; fails unless every live mutant is killed
+    (``scripts/mutants.py``; arguments after ``--`` go to it)."""
+    install(session, sglang)
+    session.run("python", "scripts/mutants.py", *session.posargs)
 
 
 @nox.session(python="3.11")

@@ -54,38 +54,49 @@ def test_each_row_is_one_line_in_version_order(compat, rows):
 
 
 def test_cells_follow_the_row(compat, rows):
+    from sglang_dspark_dp import upstream
+
     row = copy.deepcopy(rows[0])
     row["doctor_exit"] = 3
     row["verify_stock"]["exit"] = 7
+    row["verify_stock"]["verdict"] = ["verify: FAILED: ranks disagree"]
     row["suite"] = {"passed": 5, "failed": 2, "skipped": 1}
     row["verify_plugin"] = {
-        "exit": 1,
+        "exit": 0,
         "startup": [],
         "phases": [],
-        "verdict": ["verify: FAILED: ranks disagree"],
+        "verdict": ["verify: OK: agreed"],
     }
+    states = ["in this build", "not in this build", "not affected"]
+    row["judge"] = [
+        {"change": c.key, "state": states[i % 3], "evidence": "e", "repair": "r"}
+        for i, c in enumerate(upstream.CHANGES)
+    ]
+    row["changes"] = [
+        {"change": c.key, "state": "-", "repair": f"repair-{i}"}
+        for i, c in enumerate(upstream.CHANGES)
+    ]
     cells = _line(compat.render([row]), row["sglang"])
-    assert cells[2].endswith("(exit 3)")
-    assert cells[3] == "7"
-    assert cells[8] == "exit 1: verify: FAILED: ranks disagree"
-    assert cells[9] == "5 passed, 2 failed, 1 skipped"
+    n = len(upstream.CHANGES)
+    assert cells[1 : n + 1] == [
+        ["in", f"**not in**: repair-{i}", "not affected"][i % 3] for i in range(n)
+    ]
+    assert cells[n + 1].endswith("(exit 3)")
+    assert cells[n + 2] == "exit 7: verify: FAILED: ranks disagree"
+    assert cells[n + 3] == "exit 0: every phase agrees"
+    assert cells[n + 4] == "5 passed, 2 failed, 1 skipped"
     row["suite"] = None
-    assert _line(compat.render([row]), row["sglang"])[9] == "not run"
+    row["judge"] = []
+    again = _line(compat.render([row]), row["sglang"])
+    assert again[n + 4] == "not run"
+    assert again[1 : n + 1] == ["-"] * n
 
 
-def test_stock_entry_and_tier_cells_read_the_phase_lines(compat):
-    crash = {"phases": ["non-overlap: every step crashes (TypeError)"], "verdict": []}
-    fine = {"phases": ["non-overlap: reaches the worker"], "verdict": []}
-    assert compat._entry_cell(crash) == "every step raises `TypeError`"
-    assert compat._entry_cell(fine) == "reaches the worker"
-    drift = {"phases": ["compact-verify: tiers diverge (8 vs 2)"], "verdict": []}
-    assert compat._tier_cell(drift).startswith("tiers diverge")
-    assert compat._tier_cell(fine) == "agree"
+def test_the_header_names_every_upstream_change(compat, rows):
+    from sglang_dspark_dp import upstream
 
-
-def test_tier_cell_is_not_fooled_by_another_phase_diverging(compat):
-    result = {
-        "phases": ["compact-verify: TP 2, fixed: all 2 ranks agreed at 40 steps"],
-        "verdict": ["verify: FAILED: the ranks' startup capture decisions diverge"],
-    }
-    assert compat._tier_cell(result) == "agree"
+    header = next(
+        x for x in compat.render(rows).splitlines() if x.startswith("| SGLang |")
+    )
+    for c in upstream.CHANGES:
+        assert f" {c.label} |" in header
