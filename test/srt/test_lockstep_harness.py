@@ -8,7 +8,7 @@ import time
 
 import pytest
 from known_releases import known
-from srt_helpers import SOAK_SUMMARIES, no_children_left
+from srt_helpers import SOAK_SUMMARIES, enabled_or_skip, no_children_left
 
 from sglang_dspark_dp.expectations import KNOWN_CRASH
 from sglang_dspark_dp.harness import churn, lockstep
@@ -133,7 +133,7 @@ def test_judge_names_step_rank_and_values():
     assert (f.kind, f.rank) == ("crash", 1)
 
 
-def test_a_wrong_field_is_named_with_the_rank(plugin, monkeypatch):
+def test_a_wrong_field_is_named_with_the_rank(plugin, monkeypatch, sglang_version):
     """A fill that leaves one rank's host count wrong fails the run with the
     field and the rank, gathered from the rank that saw it."""
     from sglang_dspark_dp.srt.model_executor import forward_batch_info as fbi
@@ -147,8 +147,7 @@ def test_a_wrong_field_is_named_with_the_rank(plugin, monkeypatch):
         if value:
             setattr(forward_batch, name, value - 1)
 
-    if not plugin.instrumented:
-        pytest.skip("the repair is not instrumented on this SGLang")
+    enabled_or_skip(plugin, sglang_version)
     monkeypatch.setattr(dspark_draft, "derive_draft_dp_metadata", off_by_one)
     result = lockstep.run(lockstep.RunConfig(dp=2, ep_sizes=(2,), steps=50))
     assert result.failure is not None and result.failure.kind == "wrong value"
