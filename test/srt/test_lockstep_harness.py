@@ -4,7 +4,6 @@ the real DSpark draft builder and the real ``can_run_graph`` in each."""
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 from known_releases import known
@@ -101,10 +100,10 @@ def test_port_in_use_is_refused(plugin):
 
 def test_a_rank_that_dies_ends_the_run_cleanly(plugin, monkeypatch):
     monkeypatch.setenv(lockstep.FAULT_ENV, "die:1:1:25")
-    start = time.monotonic()
-    with pytest.raises(lockstep.CannotRun, match="DP rank 1 died"):
+    with pytest.raises(lockstep.CannotRun, match="DP rank 1 died") as err:
         lockstep.run(lockstep.RunConfig(dp=4, ep_sizes=(1,), steps=200, timeout_s=20))
-    assert time.monotonic() - start < 60
+    # The death ended the run, not its deadline ("did not finish within").
+    assert "did not finish" not in str(err.value)
     assert no_children_left()
 
 
