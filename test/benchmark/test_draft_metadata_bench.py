@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -26,6 +27,8 @@ from sglang_dspark_dp_bench.draft_metadata import bench_fill
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "benchmark" / "draft_metadata" / "bench_fill.py"
+#: The host-time figures of one pattern (the values are the machine's).
+HOST_FIGURES = {"median", "p90", "mean", "min", "iters"}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +67,7 @@ def test_combined_json_has_every_figure(combined):
     for r in combined["runs"]:
         assert "error" not in r, r
         assert r["host_us"]["iters"] == 50
-        assert 0 < r["host_us"]["median"] <= r["host_us"]["p90"]
+        assert set(r["host_us"]) == HOST_FIGURES
         assert r["busy"] is None and r["device_allocs_per_step"] is None
         assert set(r["fill_fields"]) == {"unscaled", "non_padded", "non_padded_cpu"}
         assert r["dp_fields"]
@@ -76,7 +79,7 @@ def test_steady_and_churn_rows(combined):
         assert set(r["patterns"]) == {"steady", "churn"}
         for figures in r["patterns"].values():
             assert figures["host_us"]["iters"] == 50
-            assert 0 < figures["host_us"]["median"] <= figures["host_us"]["p90"]
+            assert set(figures["host_us"]) == HOST_FIGURES
             assert figures["busy"] is None
             assert figures["device_allocs_per_step"] is None
         # The top-level figures are the steady pattern's (as before the split).
@@ -84,6 +87,31 @@ def test_steady_and_churn_rows(combined):
         params = r["params"]
         assert params["churn_counts"] != params["counts"]
         assert params["churn_counts"][0] != params["counts"][0]
+
+
+def test_host_figures_from_a_made_up_clock(monkeypatch):
+    """The figures of the host time are those of the samples (a clock that
+    makes the k-th call last ``DURATIONS[k]`` microseconds; no timing)."""
+    durations = [5, 1, 4, 2, 3, 10, 6, 9, 7, 8]
+    ticks = []
+    for k, us in enumerate(durations):  # (start, end) of each timed call, ns
+        ticks += [k * 100_000, k * 100_000 + us * 1000]
+    clock = iter(ticks)
+    monkeypatch.setattr(
+        bench_fill, "time", SimpleNamespace(perf_counter_ns=lambda: next(clock))
+    )
+    calls = []
+    args = SimpleNamespace(iters=len(durations))
+    out = bench_fill._measure(None, [lambda: calls.append(1)], args, "cpu", 0)
+    assert out["host_us"] == {
+        "median": 5.5,
+        "p90": 9.0,
+        "mean": 5.5,
+        "min": 1.0,
+        "iters": len(durations),
+    }
+    assert len(calls) == len(durations) + 10  # ten warm-up calls, untimed
+    assert out["busy"] is None and out["device_allocs_per_step"] is None
 
 
 def test_table_has_a_row_per_pattern(combined):

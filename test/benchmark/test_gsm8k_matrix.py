@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -193,9 +192,7 @@ def test_run_starts_uses_and_stops_servers(tmp_path, monkeypatch, capsys):
         port,
     )
     out = tmp_path / "results"
-    started = time.monotonic()
     code = matrix.main(["run", "--config", str(cfg), "--output-dir", str(out)])
-    assert time.monotonic() - started < 25
     assert code == 1  # one configuration failed
 
     good = json.loads((out / "good" / "result.json").read_text())
@@ -238,6 +235,8 @@ def test_run_starts_uses_and_stops_servers(tmp_path, monkeypatch, capsys):
     dies = json.loads((out / "dies" / "result.json").read_text())
     assert dies["status"] == "failed"
     assert "exited with code 3" in dies["error"]
+    # Its exit ended the wait, not the health deadline (15 s here).
+    assert "did not answer" not in dies["error"]
     assert "boom" in dies["log_tail"]
     assert not _alive(dies["pid"])
 
@@ -262,15 +261,15 @@ def test_health_timeout_fails_cleanly_and_kills(tmp_path):
         health_timeout=1.0,
     )
     out = tmp_path / "results"
-    started = time.monotonic()
     code = matrix.main(
         ["run", "--config", str(cfg), "--output-dir", str(out), "--no-report"]
     )
-    assert time.monotonic() - started < 15
     assert code == 1
     res = json.loads((out / "hangs" / "result.json").read_text())
     assert res["status"] == "failed"
     assert "did not answer" in res["error"] and "/health" in res["error"]
+    # The configured deadline ended the wait (the server sleeps 60 s).
+    assert "within 1 s" in res["error"]
     assert "loading" in res["log_tail"]
     assert not _alive(res["pid"])
     assert not (out / "report.md").exists()

@@ -18,7 +18,7 @@ import multiprocessing as mp
 
 import pytest
 from known_releases import known
-from srt_helpers import no_children_left, restored
+from srt_helpers import enabled_or_skip, no_children_left, restored
 
 from sglang_dspark_dp import adapter
 from sglang_dspark_dp.adapter import planner as sg_planner
@@ -344,18 +344,18 @@ def test_hook_sends_none_as_minus_one(planner_cls):
 
 
 def test_instrument_and_uninstrument_are_symmetric_and_idempotent(
-    planner_cls, restore_repair
+    planner_cls, restore_repair, sglang_version
 ):
     _module, cls = planner_cls
     target = sg_planner.BUDGET_TARGET
+    enabled_or_skip(restore_repair, sglang_version)
     restore_repair.uninstrument()
     restore_repair.uninstrument()  # no-op
     stock_fn = cls.__dict__[sg_planner.BUDGET]
     assert not adapter.is_patched(target)
     assert restore_repair.status().outcome is Outcome.NOT_INSTRUMENTED
     first = restore_repair.instrument(apply=True)
-    if first.outcome is not Outcome.ENABLED:
-        pytest.skip(f"the repair is not enabled here: {first.line()}")
+    assert first.outcome is Outcome.ENABLED, first.line()
     hooked = cls.__dict__[sg_planner.BUDGET]
     assert hooked is not stock_fn
     assert adapter.is_patched(target)

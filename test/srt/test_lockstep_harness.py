@@ -6,11 +6,10 @@ and ``[2, 3]``)."""
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 from known_releases import known
-from srt_helpers import SOAK_SUMMARIES, no_children_left
+from srt_helpers import SOAK_SUMMARIES, enabled_or_skip, no_children_left
 
 from sglang_dspark_dp.expectations import KNOWN_CRASH
 from sglang_dspark_dp.harness import churn, lockstep
@@ -110,10 +109,10 @@ def test_port_in_use_is_refused(plugin):
 
 def test_a_rank_that_dies_ends_the_run_cleanly(plugin, monkeypatch):
     monkeypatch.setenv(lockstep.FAULT_ENV, "die:1:1:25")
-    start = time.monotonic()
-    with pytest.raises(lockstep.CannotRun, match="DP rank 1 died"):
+    with pytest.raises(lockstep.CannotRun, match="DP rank 1 died") as err:
         lockstep.run(lockstep.RunConfig(dp=4, ep_sizes=(1,), steps=200, timeout_s=20))
-    assert time.monotonic() - start < 60
+    # The death ended the run, not its deadline ("did not finish within").
+    assert "did not finish" not in str(err.value)
     assert no_children_left()
 
 
@@ -142,7 +141,7 @@ def test_judge_names_step_rank_and_values():
     assert (f.kind, f.rank) == ("crash", 1)
 
 
-def test_a_wrong_field_is_named_with_the_rank(plugin, monkeypatch):
+def test_a_wrong_field_is_named_with_the_rank(plugin, monkeypatch, sglang_version):
     """A fill that leaves one rank's host count wrong fails the run with the
     field and the rank, gathered from the rank that saw it."""
     from sglang_dspark_dp.srt.model_executor import forward_batch_info as fbi
@@ -156,8 +155,7 @@ def test_a_wrong_field_is_named_with_the_rank(plugin, monkeypatch):
         if value:
             setattr(forward_batch, name, value - 1)
 
-    if not plugin.instrumented:
-        pytest.skip("the repair is not instrumented on this SGLang")
+    enabled_or_skip(plugin, sglang_version)
     monkeypatch.setattr(dspark_draft, "derive_draft_dp_metadata", off_by_one)
     result = lockstep.run(lockstep.RunConfig(dp=2, ep_sizes=(2,), steps=50))
     assert result.failure is not None and result.failure.kind == "wrong value"

@@ -9,7 +9,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from srt_helpers import run_python
+from srt_helpers import enabled_or_skip, run_python
 
 from sglang_dspark_dp import adapter, registry
 from sglang_dspark_dp.package import _instruments
@@ -119,11 +119,10 @@ def test_no_plugin_api_gets_one_line():
     assert len(lines) == 1 and "no plugin API" in lines[0], lines
 
 
-def test_instrument_uninstrument_symmetric_and_idempotent(api, plugin):
+def test_instrument_uninstrument_symmetric_and_idempotent(api, plugin, sglang_version):
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    if not plugin.plan.patches:
-        pytest.skip("nothing to patch on this SGLang")
+    enabled_or_skip(plugin, sglang_version)
     stock = plugin.original
     name = adapter.FILL
     assert api.proposer_cls.__dict__[name] is not stock
@@ -141,11 +140,10 @@ def test_instrument_uninstrument_symmetric_and_idempotent(api, plugin):
     assert len(HookRegistry._hooks[adapter.TARGET]) == 1
 
 
-def test_uninstrument_keeps_other_plugins_hooks(api, plugin):
+def test_uninstrument_keeps_other_plugins_hooks(api, plugin, sglang_version):
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    if not plugin.plan.patches:
-        pytest.skip("nothing to patch on this SGLang")
+    enabled_or_skip(plugin, sglang_version)
     stock = plugin.original
 
     def other(result, *args, **kwargs):

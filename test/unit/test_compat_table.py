@@ -1,13 +1,18 @@
-"""The compatibility table renders the committed rows, and says what they say.
+"""The compatibility table renders the committed rows, and says what they say;
+every row measured the repairs as they are committed (read from git).
 
 ``scripts/compat.py`` is a script, not part of the package: loaded here by
 path. Nothing here imports SGLang; the rows are the committed JSON."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import importlib.util
 import json
+import shutil
+import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -100,3 +105,123 @@ def test_the_header_names_every_upstream_change(compat, rows):
     )
     for c in upstream.CHANGES:
         assert f" {c.label} |" in header
+
+
+# --------------------------------------------------------------------------
+# Freshness: every row measured the repairs as they are.
+# --------------------------------------------------------------------------
+
+PKG = ROOT / "python"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((PKG / "sglang_dspark_dp").rglob("*.py")):
+        parts = list(path.relative_to(PKG).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _uses(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The package's modules ``name`` imports (at any depth of its code) or
+    names in a string (the registry lists the repairs' modules by name),
+    with the packages above each."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base]).strip(".")
+            found.update([base, *(f"{base}.{a.name}" for a in node.names)])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.add(node.value)
+    out = set()
+    for module in found & set(known):
+        while module:
+            out.add(module)
+            module = module.rpartition(".")[0]
+    return out & set(known)
+
+
+def repair_code() -> list[Path]:
+    """What decides what a row records of the repairs (what the probes find,
+    what each repair does and says): every module a server that loads the
+    plugin can run, i.e. the plugin's entry point (``pyproject.toml``) and
+    all it reaches through imports and the registry's module names. The CLI
+    and the harnesses measure the repairs and are not part of them."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (entry,) = project["entry-points"]["sglang.srt.plugins"].values()
+    known = _modules()
+    todo, seen = [entry.partition(":")[0]], set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(_uses(name, known[name], known) - seen)
+    return sorted(known[name] for name in seen)
+
+
+def _git(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), *argv], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.fixture(scope="module")
+def git_history():
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed: the rows' commits cannot be judged")
+    if _git("rev-parse", "--git-dir").returncode != 0:
+        pytest.skip(f"{ROOT} is not a git checkout: the rows' commits cannot be judged")
+
+
+def test_the_repair_code_is_what_a_server_runs():
+    names = {str(p.relative_to(PKG / "sglang_dspark_dp")) for p in repair_code()}
+    assert {"plugin.py", "registry.py", "adapter/worker.py", "upstream.py"} <= names
+    repairs = ("srt/speculative/spec_tp_sync.py", "srt/managers/overlap_utils.py")
+    assert set(repairs) <= names  # reached through the registry's names only
+    assert "drivers/worker.py" in names  # the startup probe's stand-in
+    assert not any(n.startswith(("cli/", "harness/")) for n in names), names
+
+
+def test_every_row_measured_the_repairs_as_they_are(rows, git_history):
+    """A row measured the repairs at its commit (a "+" after it: with
+    uncommitted changes on top, which, once committed, are a later change):
+    every commit that changed the repair code since must be in it, or the
+    row describes repairs that are no longer the ones committed."""
+    paths = [str(p.relative_to(ROOT)) for p in repair_code()]
+    by_commit: dict[str, list[str]] = {}
+    for row in rows:
+        by_commit.setdefault(str(row.get("commit", "unknown")), []).append(
+            row["sglang"]
+        )
+    stale = []
+    for commit, versions in by_commit.items():
+        which = f"{', '.join(versions)} (measured at {commit})"
+        found = _git(
+            "rev-parse", "--verify", "--quiet", f"{commit.rstrip('+')}^{{commit}}"
+        )
+        if found.returncode != 0:
+            stale.append(f"{which}: not a commit of this clone")
+            continue
+        since = _git(
+            "log", "--format=%h (%cs)", f"{found.stdout.strip()}..HEAD",
+            "--", *paths,
+        )  # fmt: skip
+        assert since.returncode == 0, since.stderr
+        changes = since.stdout.splitlines()
+        if changes:
+            stale.append(
+                f"{which}: {len(changes)} later change(s) to the repairs, the "
+                f"last {changes[0]}"
+            )
+    assert not stale, (
+        "compatibility rows measured before the last change to the repairs "
+        "(measure them again: nox -s compat):\n" + "\n".join(stale)
+    )

@@ -80,6 +80,7 @@ from sglang_dspark_dp.adapter.worker import (
     reads_through_spec_tp_sync,
     reduced_module_reading,
     stock_init_graphs,
+    tp_sync_of,
 )
 
 __all__ = [
@@ -134,5 +135,6 @@ __all__ = [
     "stock_fill",
     "stock_init_graphs",
     "topology_values",
+    "tp_sync_of",
     "write_sync_sizes",
 ]

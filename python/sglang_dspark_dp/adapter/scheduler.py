@@ -25,6 +25,10 @@ RUN_BATCH = "run_batch"
 RESOLVE_INPUTS = "resolve_forward_inputs"
 #: The keyword the non-overlap branch passes on some releases.
 PP_KWARG = "pp_proxy_tensors"
+#: The scheduler's own state and method ``run_batch`` reads: whether it
+#: idled since the last batch, and the context a forward runs in.
+SCHED_IDLED = "_sched_idled"
+FORWARD_ISOLATION = "_forward_isolation"
 
 
 def load_scheduler() -> tuple[Any, type]:

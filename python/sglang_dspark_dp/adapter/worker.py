@@ -43,18 +43,33 @@ MEMORY_HELPER = "get_available_gpu_memory"
 MEMORY_HELPER_HOMES = ("sglang.srt.utils.common", "sglang.srt.utils")
 #: Below this many GiB of free memory the stock worker skips draft capture.
 CAPTURE_CUTOFF_GIB = 1.0
+#: The worker's own name for the group its draft graphs capture on (later
+#: releases).
+CAPTURE_GROUP_ATTR = "_draft_graph_group"
 #: Where the worker keeps the group its draft graphs capture on, in the
-#: order they are tried: the worker's own name for it (later releases),
-#: then the draft model runner's TP group (the group ``FullCudaGraphBackend``
-#: takes its capture barriers on).
-CAPTURE_GROUP_SOURCES = ("_draft_graph_group", "draft_model_runner.tp_group")
-#: The worker's own name for that group (0.5.19 on).
-GRAPH_GROUP_ATTR = CAPTURE_GROUP_SOURCES[0]
+#: order they are tried: the worker's own name for it, then the draft model
+#: runner's TP group (the group ``FullCudaGraphBackend`` takes its capture
+#: barriers on).
+CAPTURE_GROUP_SOURCES = (CAPTURE_GROUP_ATTR, "draft_model_runner.tp_group")
 #: The worker's draft-sampler builder (``init_cuda_graphs`` calls it; later
 #: releases pass it the startup memory reading).
 DRAFT_SAMPLER_BUILDER = "_maybe_build_draft_sampler"
-#: The class of the worker's ``_draft_worker`` (its ``init_cuda_graphs``
-#: captures the draft graphs).
+#: The rest of the worker's own state ``init_cuda_graphs`` reads: whether
+#: this worker hosts the draft (False on a pipeline stage that is not the
+#: last one), whether decode graphs are allowed, whether the DP draft
+#: context is on, the draft sampler it built, its draft worker (whose
+#: ``init_cuda_graphs`` captures the draft graphs) and its draft proposer.
+HOSTS_DRAFT = "_hosts_draft"
+DECODE_GRAPH_ALLOWED = "_decode_graph_allowed"
+DRAFT_DP_CONTEXT_ENABLED = "_draft_dp_context_enabled"
+DRAFT_SAMPLER = "_draft_sampler"
+DRAFT_WORKER_ATTR = "_draft_worker"
+PROPOSER_ATTR = "_proposer"
+#: The worker methods ``init_cuda_graphs`` calls around the capture: the
+#: draft's context manager, and the deferred commit and its wiring.
+DRAFT_CONTEXT = "_draft_context"
+DEFERRED_COMMIT = ("_deferred_commit", "_wire_deferred_commit")
+#: The class of the worker's draft worker (:data:`DRAFT_WORKER_ATTR`).
 DRAFT_WORKER_CLASS = ("sglang.srt.managers.tp_worker", "TpModelWorker")
 
 
@@ -145,7 +160,12 @@ def stock_init_graphs(cls: type) -> Any:
 def hosts_draft(worker: Any) -> bool:
     """Whether this worker hosts the draft (False on a pipeline stage that
     is not the last one, where ``init_cuda_graphs`` returns at once)."""
-    return vars(worker).get("_hosts_draft", True) is not False
+    return vars(worker).get(HOSTS_DRAFT, True) is not False
+
+
+def tp_sync_of(worker: Any) -> Any:
+    """The worker's own ``SpecTpSync`` (None: it has none)."""
+    return vars(worker).get(TP_SYNC_ATTR)
 
 
 def capture_group(worker: Any) -> tuple[Any, str] | None:
@@ -231,7 +251,7 @@ def memory_helper_sites(module: Any, worker: Any = None) -> list[Any]:
     startup reading can go through: the worker module, the module of its
     ``_tp_sync`` (if any) and the helper's homes (deduplicated)."""
     sites = [module]
-    tp_sync = None if worker is None else vars(worker).get(TP_SYNC_ATTR)
+    tp_sync = None if worker is None else tp_sync_of(worker)
     if tp_sync is not None:
         sync_module = sys.modules.get(type(tp_sync).__module__)
         if sync_module is not None:

@@ -20,9 +20,14 @@ import functools
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_dspark_dp.adapter.scheduler import no_input_resolution
+from sglang_dspark_dp.adapter.scheduler import (
+    FORWARD_ISOLATION,
+    SCHED_IDLED,
+    no_input_resolution,
+)
 from sglang_dspark_dp.adapter.worker import (
     FORWARD,
+    HOSTS_DRAFT,
     STEP_COLLABORATORS,
     STEP_METHODS,
     STEP_SWITCHES_OFF,
@@ -63,7 +68,7 @@ class StandInWorker(_StandIn):
     _what = "stand-in DSpark worker"
 
     def __init__(self) -> None:
-        self._hosts_draft = True
+        setattr(self, HOSTS_DRAFT, True)
         for name in STEP_COLLABORATORS:
             setattr(self, name, _Absorb())
         for name in STEP_SWITCHES_OFF:
@@ -81,7 +86,8 @@ class StandInScheduler(_StandIn):
 
     def __init__(self, worker_cls: type, worker: Any) -> None:
         self.forward_ct = 0
-        self._sched_idled = False
+        setattr(self, SCHED_IDLED, False)
+        setattr(self, FORWARD_ISOLATION, _no_isolation)
         self.scripted_scheduler_hook = None
         self.profiler_manager = _Absorb()
         self.scheduler_stage_metrics = None  # stage metrics off
@@ -107,8 +113,9 @@ class StandInScheduler(_StandIn):
 
         self.model_worker = SimpleNamespace(**{FORWARD: forward})
 
-    def _forward_isolation(self, batch: Any, overlap: bool = False) -> Any:
-        return contextlib.nullcontext()
+
+def _no_isolation(batch: Any, overlap: bool = False) -> Any:
+    return contextlib.nullcontext()
 
 
 def step_batch(forward_mode: Any, spec_algorithm: Any, *, prefill: bool) -> Any:

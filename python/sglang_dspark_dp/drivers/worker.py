@@ -21,9 +21,17 @@ from typing import Any
 
 from sglang_dspark_dp.adapter.base import AttrSwap, signature_of
 from sglang_dspark_dp.adapter.worker import (
+    CAPTURE_GROUP_ATTR,
+    DECODE_GRAPH_ALLOWED,
+    DEFERRED_COMMIT,
+    DRAFT_CONTEXT,
+    DRAFT_DP_CONTEXT_ENABLED,
+    DRAFT_SAMPLER,
     DRAFT_SAMPLER_BUILDER,
-    GRAPH_GROUP_ATTR,
+    DRAFT_WORKER_ATTR,
+    HOSTS_DRAFT,
     MEMORY_HELPER,
+    PROPOSER_ATTR,
     TP_SYNC_ATTR,
     decide_folded,
     draft_worker_class,
@@ -176,22 +184,18 @@ class WorkerStandIn:
 
             cls = getattr(module, WORKER, None)
         self.server_args = SimpleNamespace(disable_cuda_graph=False)
-        self._decode_graph_allowed = True
-        self._hosts_draft = True
-        self._draft_dp_context_enabled = bool(dense_draft)
         self.device = device
         self.gpu_id = gpu_id
-        if isinstance(cls, type) and init_reads(cls, GRAPH_GROUP_ATTR):
+        own_group = isinstance(cls, type) and init_reads(cls, CAPTURE_GROUP_ATTR)
+        if own_group:
             if runner_group is None:
                 runner_group = _SameRanks(capture_group)
             self.draft_model_runner = _StandInRunner(runner_group)
-            setattr(self, GRAPH_GROUP_ATTR, capture_group)
         else:
             self.draft_model_runner = _StandInRunner(capture_group)
-        self._draft_sampler = None
         self.sampler_calls: list[dict[str, Any]] = []
         self.folded: bool | None = None
-        self._draft_worker = SimpleNamespace(
+        draft_worker = SimpleNamespace(
             init_cuda_graphs=_stand_in(
                 draft_worker_class(),
                 "init_cuda_graphs",
@@ -206,12 +210,20 @@ class WorkerStandIn:
             "attach_draft_sampler",
             lambda b: setattr(proposer, "draft_sampler", _first(b)),
         )
-        self._proposer = proposer
+        for name, value in (
+            (DECODE_GRAPH_ALLOWED, True),
+            (HOSTS_DRAFT, True),
+            (DRAFT_DP_CONTEXT_ENABLED, bool(dense_draft)),
+            *(((CAPTURE_GROUP_ATTR, capture_group),) if own_group else ()),
+            (DRAFT_SAMPLER, None),
+            (DRAFT_WORKER_ATTR, draft_worker),
+            (PROPOSER_ATTR, proposer),
+        ):
+            setattr(self, name, value)
         for name, impl in (
-            ("_draft_context", lambda b: contextlib.nullcontext()),
+            (DRAFT_CONTEXT, lambda b: contextlib.nullcontext()),
             (DRAFT_SAMPLER_BUILDER, self._build_sampler),
-            ("_deferred_commit", lambda b: None),
-            ("_wire_deferred_commit", lambda b: None),
+            *((commit, lambda b: None) for commit in DEFERRED_COMMIT),
         ):
             setattr(self, name, _stand_in(cls, name, impl))
         sync_cls = getattr(module, "SpecTpSync", None)

@@ -149,7 +149,7 @@ def probe(module: Any, cls: type, around: Any = None) -> ProbeResult:
         ) from exc
     calls: list[Any] = []
     swaps = []
-    tp_sync = vars(worker).get("_tp_sync")
+    tp_sync = adapter.tp_sync_of(worker)
     if tp_sync is not None:
         stock = tp_sync.available_memory_gb
 
