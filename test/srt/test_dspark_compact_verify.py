@@ -92,7 +92,8 @@ def test_the_runs_are_two_groups_on_sglangs_group_coordinator(drift_runs):
 
 
 def test_stock_ranks_pick_different_tiers_under_drift(drift_runs, sglang_version):
-    stock_is_wrong(sglang_version)
+    if not stock_is_wrong(sglang_version):
+        pytest.skip(f"sglang {sglang_version} carries #31195")
     result = drift_runs[False]
     assert {r["outcome"] for r in result.repairs} == {Outcome.NOT_INSTRUMENTED.value}
     assert result.diverged, result.summary()
@@ -133,7 +134,8 @@ def test_the_first_rank_keeps_its_own_budget(drift_runs):
 
 
 def test_stock_leaves_a_late_rank_out_of_the_broadcast(late_runs, sglang_version):
-    stock_is_wrong(sglang_version)
+    if not stock_is_wrong(sglang_version):
+        pytest.skip(f"sglang {sglang_version} carries #31195")
     result = late_runs[False]
     late = [s.step for s in result.late_steps]
     assert late, "the run had no late step"
@@ -179,7 +181,8 @@ def test_repaired_late_source_leaves_every_rank_without_a_budget(planner_cls):
 def test_cap_accept_mode_late_relay(planner_cls, sglang_version):
     """cap-accept also schedules a budget and broadcasts verify_lens: a
     late relay leaves a rank out there too, and the repair covers it."""
-    stock_is_wrong(sglang_version)
+    if not stock_is_wrong(sglang_version):
+        pytest.skip(f"sglang {sglang_version} carries #31195")
     stock = run(scenario=cv.LATE, fix=False, mode="cap-accept", steps=16)
     assert stock.left_out and len(stock.left_out) == len(stock.late_steps)
     fixed = run(scenario=cv.LATE, fix=True, mode="cap-accept", steps=16)
@@ -238,7 +241,8 @@ def test_probe_finds_rank_local_budgets(
     else:
         restore_repair.uninstrument()
     result = dspark_planner.probe(module, cls)
-    stock_is_wrong(sglang_version)
+    if not stock_is_wrong(sglang_version):
+        pytest.skip(f"sglang {sglang_version} carries #31195")
     assert result.tier_local and not result.agrees
     assert result.tiers[0] != result.tiers[1] == result.own_tier
     expected = (
@@ -250,7 +254,8 @@ def test_probe_finds_rank_local_budgets(
 
 
 def test_status_line(planner_cls, sglang_version, restore_repair):
-    stock_is_wrong(sglang_version)
+    if not stock_is_wrong(sglang_version):
+        pytest.skip(f"sglang {sglang_version} carries #31195")
     restore_repair.uninstrument()
     status = restore_repair.instrument(apply=True)
     assert status.outcome is Outcome.ENABLED, status.line()

@@ -55,6 +55,7 @@ from typing import Any
 
 from sglang_dspark_dp import adapter
 from sglang_dspark_dp.adapter import INIT_GRAPHS, STARTUP_TARGET
+from sglang_dspark_dp.adapter import spec_sync as sg_sync
 from sglang_dspark_dp.consensus import GroupVerdict
 from sglang_dspark_dp.drivers import worker as standins
 from sglang_dspark_dp.isolation import isolated
@@ -151,7 +152,9 @@ def probe(module: Any, cls: type, around: Any = None) -> ProbeResult:
     swaps = []
     tp_sync = adapter.tp_sync_of(worker)
     if tp_sync is not None:
-        stock = tp_sync.available_memory_gb
+        # SpecTpSync's reading as SGLang wrote it, whatever hook this process
+        # applied to it (capture-group-memory's): the probe judges the build.
+        stock = functools.partial(sg_sync.stock_reading(type(tp_sync)), tp_sync)
 
         @functools.wraps(stock)
         def counted(*args: Any, **kwargs: Any) -> Any:
