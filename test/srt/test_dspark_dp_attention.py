@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+import oracle
 import pytest
 import torch
 from known_releases import known as known_release
@@ -52,19 +53,26 @@ def make_drivers(api, plugin, *, dp: int, ep: int):
 
 
 def step_all(api, drivers, counts, *, ep: int):
-    """One decode step on every DP rank; returns what each runner saw and
+    """One decode step on every DP rank, the scheduler's logprob row unlike
+    its token row (``oracle.logprob_row``); returns what each runner saw and
     whether SGLang wants the non-padded device count under that topology."""
     seen, wants_device_count = [], []
     dp = len(drivers)
     for rank, driver in enumerate(drivers):
         with parallel_override(api.get_parallel, dp_size=dp, dp_rank=rank, ep_size=ep):
             wants_device_count.append(bool(api.enable_num_token_non_padded()))
-            seen.append(driver.step(counts[rank], list(counts)))
+            seen.append(
+                driver.step(
+                    counts[rank],
+                    list(counts),
+                    global_num_tokens_for_logprob=oracle.logprob_row(counts),
+                )
+            )
     return seen, wants_device_count
 
 
 def stock_scaled(api, plugin, driver, counts):
-    """The scaled counts as SGLang's own stock fill computes them."""
+    """The four scaled rows as SGLang's own stock fill computes them."""
     fb = builders.make_draft_forward_batch(
         api,
         bs=1,
@@ -76,15 +84,15 @@ def stock_scaled(api, plugin, driver, counts):
         api,
         seq_lens=torch.full((1,), 8, dtype=torch.int64),
         global_num_tokens=list(counts),
+        global_num_tokens_for_logprob=oracle.logprob_row(counts),
     )
-    fill = getattr(api.proposer_cls, adapter.FILL)
-    fill = getattr(fill, "__wrapped__", fill)
-    fill(driver.proposer, fb, batch)
-    return (
-        list(fb.global_num_tokens_cpu),
-        list(fb.global_num_tokens_for_logprob_cpu),
-        fb.global_num_tokens_gpu.tolist(),
-    )
+    adapter.stock_fill(api)(driver.proposer, fb, batch)
+    return {
+        "scaled_cpu": fb.global_num_tokens_cpu,
+        "scaled_logprob_cpu": fb.global_num_tokens_for_logprob_cpu,
+        "scaled_gpu": fb.global_num_tokens_gpu,
+        "scaled_logprob_gpu": fb.global_num_tokens_for_logprob_gpu,
+    }
 
 
 def counts_for(size: int, dp: int, pattern: str) -> list[int]:
@@ -115,24 +123,24 @@ def check_step(api, plugin, drivers, counts, *, ep: int, graph_ok: bool = True):
         assert buckets[0] == max(counts)
 
     with parallel_override(api.get_parallel, dp_size=dp, dp_rank=0, ep_size=ep):
-        scaled_cpu, scaled_lp_cpu, scaled_gpu = stock_scaled(
-            api, plugin, drivers[0], counts
-        )
+        stock = stock_scaled(api, plugin, drivers[0], counts)
     total = 0
     for rank, (s, want_device) in enumerate(zip(seen, wants, strict=False)):
         f = s.fields
         where = f"rank {rank} of dp {dp}, counts {counts}"
-        assert f["unscaled"] == counts, where
-        assert f["scaled_cpu"] == scaled_cpu == [c * width for c in counts], where
-        assert f["scaled_logprob_cpu"] == scaled_lp_cpu, where
-        assert f["scaled_gpu"].value == scaled_gpu, where
-        tokens = counts[rank] * width
-        assert f["non_padded_cpu"] == tokens, where
-        if want_device:
-            dtype, device, _shape, value = f["non_padded"]
-            assert dtype == torch.int32, where
-            assert device == torch.device(drivers[rank].runner.device), where
-            assert value == tokens, where
+        step = oracle.Step.of(
+            drivers[rank].spec_info,
+            requests=counts[rank],
+            counts=counts,
+            logprob_counts=oracle.logprob_row(counts),
+            device_count=want_device,
+            device=drivers[rank].runner.device,
+        )
+        assert oracle.mismatches(f, step) == {}, where
+        # The scaled rows are stock's too (stock computes them on every
+        # release), host lists and device vectors, tokens and logprobs.
+        for key, value in stock.items():
+            assert oracle.held(f[key]) == oracle.held(value), (key, where)
         total += f["non_padded_cpu"]
     assert total == sum(counts) * width
 
@@ -193,16 +201,15 @@ def test_attention_tp_without_dp_attention_with_ep(
                     api, gamma=GAMMA, dp_moe_sync=False, graph=graph, names=names
                 )
                 seen = driver.step(bs, None)
-            f = seen.fields
             assert seen.admitted is (bs <= MAX_BS)
-            assert f["non_padded_cpu"] == bs * GAMMA
-            dtype, device, _shape, value = f["non_padded"]
-            assert (dtype, device, value) == (
-                torch.int32,
-                torch.device("cpu"),
-                bs * GAMMA,
+            step = oracle.Step.of(
+                driver.spec_info,
+                requests=bs,
+                counts=None,  # no DP metadata without DP attention
+                logprob_counts=None,
+                device_count=True,  # EP on
             )
-            assert f["unscaled"] is None  # no DP metadata without DP attention
+            assert oracle.mismatches(seen.fields, step) == {}
 
 
 def test_stock_crash_reproduces_where_expected(api, plugin, stock, sglang_version):
@@ -312,9 +319,10 @@ def test_sglang_unit_test_style_patch_reaches_the_repair(api, plugin, sglang_ver
     fb = builders.make_draft_forward_batch(
         api, bs=2, width=GAMMA, spec_info=proposer._draft_block_spec_info, device="cpu"
     )
+    counts = [2, 3]
     batch = SimpleNamespace(
-        global_num_tokens=[2, 3],
-        global_num_tokens_for_logprob=[2, 3],
+        global_num_tokens=counts,
+        global_num_tokens_for_logprob=oracle.logprob_row(counts),
         can_run_dp_cuda_graph=True,
         can_run_decode_cuda_graph=True,
         is_extend_in_batch=False,
@@ -323,9 +331,12 @@ def test_sglang_unit_test_style_patch_reaches_the_repair(api, plugin, sglang_ver
     names = plugin.probe_result.names
     with mock.patch.object(where, "enable_num_token_non_padded", return_value=True):
         proposer._fill_dp_moe_sync_metadata(fb, batch)
-    count = getattr(fb, names.non_padded)
-    assert isinstance(count, torch.Tensor) and count.dtype == torch.int32
-    assert int(count) == 2 * GAMMA
-    assert getattr(fb, names.non_padded_cpu) == 2 * GAMMA
-    assert getattr(fb, names.unscaled) == [2, 3]
-    assert fb.global_num_tokens_cpu == [2 * GAMMA, 3 * GAMMA]
+    step = oracle.Step.of(
+        proposer._draft_block_spec_info,
+        requests=2,
+        counts=counts,
+        logprob_counts=oracle.logprob_row(counts),
+        device_count=True,
+        graph_ok=True,
+    )
+    assert oracle.mismatches(oracle.by_key(fb, names), step) == {}

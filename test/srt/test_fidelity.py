@@ -16,7 +16,9 @@ Two kinds of caller, on whatever release is installed:
 Where the stock DP path is correct, the plugin's replacement fill (forced
 on, wherever the probe says it could replace the stock one) must give
 field-for-field the stock values; where it is broken, the plugin must add
-exactly what the probe found missing and agree on everything else.
+what the fixing release's meaning says of every field the stock fill
+leaves unset (the suite's oracle, ``oracle.py``: never the plugin's own
+output), and agree with stock on everything stock sets.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import re
 from types import SimpleNamespace
 from unittest import mock
 
+import oracle
 import pytest
 import torch
 
@@ -36,9 +39,11 @@ from sglang_dspark_dp.drivers import builders
 from sglang_dspark_dp.srt.model_executor.forward_batch_info import ALL_GROUPS
 from sglang_dspark_dp.srt.speculative.dspark_components import dspark_draft
 
-#: The scenario: 6 draft tokens per request (1 for logprob), four DP ranks.
+#: The scenario: 6 draft tokens per request (1 for logprob), four DP ranks,
+#: this one rank 0.
 WIDTH, LOGPROB_WIDTH = 6, 1
 COUNTS = [1, 3, 0, 2]
+LOGPROB_COUNTS = oracle.logprob_row(COUNTS)
 
 
 def _value(v):
@@ -96,13 +101,26 @@ def bare_proposer(api, needs=()):
 
 
 def bare_batches():
-    draft = SimpleNamespace(input_ids=torch.zeros(WIDTH, dtype=torch.int64))
+    draft = SimpleNamespace(input_ids=torch.zeros(COUNTS[0] * WIDTH, dtype=torch.int64))
     batch = SimpleNamespace(
         global_num_tokens=list(COUNTS),
-        global_num_tokens_for_logprob=list(COUNTS),
+        global_num_tokens_for_logprob=list(LOGPROB_COUNTS),
         can_run_dp_cuda_graph=True,
     )
     return draft, batch
+
+
+def bare_step(proposer):
+    """What the bare scenario's draft batch must hold (the switch patched
+    on, the scheduler's graph verdict yes)."""
+    return oracle.Step.of(
+        adapter.draft_spec_info(proposer),
+        requests=COUNTS[0],
+        counts=COUNTS,
+        logprob_counts=LOGPROB_COUNTS,
+        device_count=True,
+        graph_ok=True,
+    )
 
 
 _NO_ATTR = re.compile(r"object has no attribute '(\w+)'")
@@ -145,9 +163,8 @@ def what_the_stock_fill_reads(api):
 
 
 def test_sglang_style_scenario_with_the_plugin(api, plugin, stock, sglang_version):
-    """The bare scenario through the installed fill, hooked or not: the
-    expected values (unscaled, scaled, device count 6 as int32, host count
-    6, the graph flag kept) and no exception. On a release whose draft
+    """The bare scenario through the installed fill, hooked or not: what
+    the oracle says of every field, and no exception. On a release whose draft
     module lacks ``enable_num_token_non_padded`` (0.5.16), the plugin
     offers it there while instrumented, so the patch can even start."""
     with stock():
@@ -166,16 +183,7 @@ def test_sglang_style_scenario_with_the_plugin(api, plugin, stock, sglang_versio
     ) as switch:
         proposer._fill_dp_moe_sync_metadata(draft, batch)
     assert switch.called, "the patched switch was not consulted"
-    assert getattr(draft, names.unscaled) == COUNTS
-    assert draft.global_num_tokens_cpu == [c * WIDTH for c in COUNTS]
-    assert draft.global_num_tokens_for_logprob_cpu == [
-        c * LOGPROB_WIDTH for c in COUNTS
-    ]
-    count = getattr(draft, names.non_padded)
-    assert isinstance(count, torch.Tensor)
-    assert count.dtype == torch.int32 and int(count) == WIDTH
-    assert getattr(draft, names.non_padded_cpu) == WIDTH
-    assert getattr(draft, names.dp_graph_ok) is True
+    assert oracle.mismatches(oracle.by_key(draft, names), bare_step(proposer)) == {}
 
 
 def test_the_offered_name_goes_away_with_the_plugin(api, plugin, stock):
@@ -208,16 +216,22 @@ def test_sglang_style_scenario_is_stock_identical(api, plugin, stock):
             create=True,
         ):
             replace(adapter.stock_fill(api), proposer, draft, batch)
-    assert fields_of(draft) == fields_of(stock_draft) | missing_from(
-        plugin, fields_of(stock_draft), fields_of(draft)
+    names = plugin.probe_result.names
+    assert fields_of(draft) == reference(
+        names, fields_of(stock_draft), bare_step(proposer)
     )
 
 
-def missing_from(plugin, stock_fields, ours):
-    """The fields the probe found missing from the stock batch, as the
-    plugin sets them (empty where the stock path is complete)."""
-    gaps = plugin.probe_result.missing_dp
-    return {k: ours[k] for k in gaps if stock_fields.get(k) is None and k in ours}
+def reference(names, stock_fields, step):
+    """What the plugin's fill must give: stock's value of every field the
+    stock fill sets, and the oracle's of every DP/EP field it leaves unset
+    (on 0.5.16, the fields #33098 adds)."""
+    want = dict(stock_fields)
+    for key, value in oracle.expected(step).items():
+        field = getattr(names, key)
+        if field is not None and stock_fields.get(field) is None:
+            want[field] = _value(value)
+    return want
 
 
 # --------------------------------------------------------------------------
@@ -241,10 +255,13 @@ def test_real_batches_are_stock_identical(
 ):
     replace = forced_replacement(plugin, api)
     counts = [3, 0, 1, 2][:dp] if path == "busy" else [0, 3, 1, 2][:dp]
+    logprob_counts = oracle.logprob_row(counts)
     bs = counts[0]
+    step = {}
 
     def run(fill):
         with parallel_override(api.get_parallel, dp_size=dp, dp_rank=0, ep_size=ep):
+            step["device_count"] = api.enable_num_token_non_padded()
             proposer = builders.build_draft_proposer(
                 api,
                 draft_model_runner=builders.DeviceOnlyRunner("cpu"),
@@ -262,17 +279,32 @@ def test_real_batches_are_stock_identical(
                 api,
                 seq_lens=torch.full((max(bs, 1),), 8, dtype=torch.int64),
                 global_num_tokens=list(counts),
+                global_num_tokens_for_logprob=logprob_counts,
                 can_run_dp_cuda_graph=graph_ok,
             )
             batch.dp_spec_prefill_coordination_applied = coordinated
             fill(proposer, fb, batch)
+            step["spec_info"] = adapter.draft_spec_info(proposer)
             return fields_of(fb)
 
     with stock():
         stock_fill = adapter.stock_fill(api)
         expected = run(stock_fill)
         ours = run(lambda p, f, b: replace(stock_fill, p, f, b))
-    assert ours == expected | missing_from(plugin, expected, ours)
+    names = plugin.probe_result.names
+    # Whether this release's DSpark takes coordinated rows as scaled
+    # already is stock behaviour: its fill passes them through.
+    passed_through = expected[names.scaled_cpu] == counts
+    want = oracle.Step.of(
+        step["spec_info"],
+        requests=bs,
+        counts=counts,
+        logprob_counts=logprob_counts,
+        device_count=step["device_count"],
+        graph_ok=graph_ok,
+        coordinated=coordinated and passed_through,
+    )
+    assert ours == reference(names, expected, want)
 
 
 # --------------------------------------------------------------------------
@@ -294,7 +326,7 @@ def test_each_proposer_and_device_has_its_own_buffers(api, plugin):
         draft = SimpleNamespace(input_ids=torch.zeros(counts[0] * WIDTH))
         batch = SimpleNamespace(
             global_num_tokens=list(counts),
-            global_num_tokens_for_logprob=list(counts),
+            global_num_tokens_for_logprob=oracle.logprob_row(counts),
             can_run_dp_cuda_graph=True,
             can_run_decode_cuda_graph=True,
         )
@@ -305,14 +337,21 @@ def test_each_proposer_and_device_has_its_own_buffers(api, plugin):
             create=True,
         ):
             replace(fill, proposer, draft, batch)
-        return (
-            int(getattr(draft, names.non_padded)),
-            draft.global_num_tokens_gpu.tolist(),
+        return oracle.mismatches(
+            oracle.by_key(draft, names),
+            oracle.Step.of(
+                adapter.draft_spec_info(proposer),
+                requests=counts[0],
+                counts=counts,
+                logprob_counts=oracle.logprob_row(counts),
+                device_count=True,
+                graph_ok=True,
+            ),
         )
 
     for _ in range(3):
-        assert step(a, a_counts) == (WIDTH, [c * WIDTH for c in a_counts])
-        assert step(b, b_counts) == (2 * WIDTH, [c * WIDTH for c in b_counts])
+        assert step(a, a_counts) == {}
+        assert step(b, b_counts) == {}
     first = dspark_draft.proposer_buffers(a)
     assert dspark_draft.proposer_buffers(a) is first
     assert dspark_draft.proposer_buffers(b) is not first

@@ -1,13 +1,15 @@
 """The plugin's core without SGLang: the derivation, its buffers, the field
 names, the plan chosen from a probe result, the expectations and the status
 of a repair. A small fake ``ForwardBatch`` dataclass stands in for SGLang's;
-nothing here imports SGLang."""
+nothing here imports SGLang. What a derived batch must hold comes from the
+suite's oracle (``test/srt/oracle.py``, which imports no SGLang either)."""
 
 from __future__ import annotations
 
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,7 +30,11 @@ from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
     derive_draft_dp_metadata,
 )
 
-WIDTH = 3
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "srt"))
+import oracle  # noqa: E402
+
+#: The fake spec info's widths: draft tokens and logprob tokens per request.
+WIDTH, LOGPROB_WIDTH = 3, 2
 
 
 @dataclasses.dataclass
@@ -60,13 +66,14 @@ class RenamedForwardBatch:
 
 
 def fake_scale(spec_info, counts, logprob_counts):
-    return [c * WIDTH for c in counts], [c * WIDTH for c in logprob_counts]
+    """Stands in for SGLang's scaling: each row by its own width."""
+    return [c * WIDTH for c in counts], [c * LOGPROB_WIDTH for c in logprob_counts]
 
 
 def batch(counts, *, coordinated=False, graph_ok=True):
     return SimpleNamespace(
         global_num_tokens=counts,
-        global_num_tokens_for_logprob=None if counts is None else list(counts),
+        global_num_tokens_for_logprob=oracle.logprob_row(counts),
         can_run_dp_cuda_graph=graph_ok,
         dp_spec_prefill_coordination_applied=coordinated,
     )
@@ -104,24 +111,39 @@ def derive(
     return names, buffers
 
 
+def step_of(bs, counts, **inputs):
+    """What the oracle is told of a step: ``bs`` requests here, the rows
+    ``batch(counts)`` hands over, the fake widths."""
+    inputs.setdefault("device_count", True)
+    return oracle.Step(
+        requests=bs,
+        width=WIDTH,
+        logprob_width=LOGPROB_WIDTH,
+        counts=counts,
+        logprob_counts=oracle.logprob_row(counts),
+        **inputs,
+    )
+
+
+def by_key(fb):
+    return oracle.by_key(fb, DraftDPFieldNames.for_forward_batch(type(fb)))
+
+
+def wrong(fb, bs, counts, **inputs):
+    """The fields of ``fb`` that are not what the oracle says: {} if none."""
+    return oracle.mismatches(by_key(fb), step_of(bs, counts, **inputs))
+
+
 def test_dp_path_derives_every_field():
     fb = draft_batch(bs=2)
     derive(fb, batch([2, 0, 5]))
-    assert fb.original_global_num_tokens_cpu == [2, 0, 5]
-    assert fb.global_num_tokens_cpu == [6, 0, 15]
-    assert fb.global_num_tokens_for_logprob_cpu == [6, 0, 15]
-    assert fb.global_num_tokens_gpu.tolist() == [6, 0, 15]
-    assert fb.global_num_tokens_for_logprob_gpu.tolist() == [6, 0, 15]
-    assert fb.num_token_non_padded.dtype == torch.int32
-    assert int(fb.num_token_non_padded) == 6 == fb.num_token_non_padded_cpu
-    assert fb.can_run_dp_cuda_graph is True
+    assert wrong(fb, 2, [2, 0, 5], graph_ok=True) == {}
 
 
 def test_coordinated_counts_pass_through_unscaled():
     fb = draft_batch(bs=1)
     derive(fb, batch([4, 1], coordinated=True, graph_ok=False))
-    assert fb.global_num_tokens_cpu == [4, 1]
-    assert fb.can_run_dp_cuda_graph is False
+    assert wrong(fb, 1, [4, 1], coordinated=True, graph_ok=False) == {}
 
 
 def test_the_coordination_flag_is_read_only_where_the_stock_fill_reads_it():
@@ -130,73 +152,107 @@ def test_the_coordination_flag_is_read_only_where_the_stock_fill_reads_it():
     change the values)."""
     fb = draft_batch(bs=1)
     derive(fb, batch([4, 1], coordinated=True), honours_coordination=False)
-    assert fb.global_num_tokens_cpu == [12, 3]
+    assert wrong(fb, 1, [4, 1]) == {}
     plain = SimpleNamespace(
         global_num_tokens=[4, 1],
-        global_num_tokens_for_logprob=[4, 1],
+        global_num_tokens_for_logprob=oracle.logprob_row([4, 1]),
         can_run_dp_cuda_graph=True,
     )
     fb = draft_batch(bs=1)
     derive(fb, plain, honours_coordination=False)  # no flag at all: no error
-    assert fb.global_num_tokens_cpu == [12, 3]
+    assert wrong(fb, 1, [4, 1]) == {}
 
 
 def test_attention_tp_path_writes_only_the_non_padded_counts():
     fb = draft_batch(bs=2)
     derive(fb, batch(None), dp=False)
-    assert fb.num_token_non_padded_cpu == 2 * WIDTH
-    assert fb.original_global_num_tokens_cpu is None
-    assert fb.global_num_tokens_cpu is None
+    assert wrong(fb, 2, None) == {}
+    assert fb.can_run_dp_cuda_graph is None
     fb = draft_batch(bs=2)
     derive(fb, batch([2, 2]), dp=False)  # counts present, DP sync off
-    assert fb.original_global_num_tokens_cpu is None
+    assert wrong(fb, 2, None) == {}
 
 
-def test_only_the_requested_groups_are_written():
+#: The keys each field group holds (a group not written leaves them unset).
+GROUP_KEYS = {
+    UNSCALED: ("unscaled",),
+    NON_PADDED: ("non_padded", "non_padded_cpu"),
+    SCALED: (
+        "scaled_cpu",
+        "scaled_gpu",
+        "scaled_logprob_cpu",
+        "scaled_logprob_gpu",
+        "dp_graph_ok",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "groups", [frozenset({g}) for g in GROUP_KEYS] + [frozenset(GROUP_KEYS)]
+)
+def test_only_the_requested_groups_are_written(groups):
     fb = draft_batch(bs=1)
-    derive(fb, batch([1, 3]), groups=frozenset({UNSCALED}))
-    assert fb.original_global_num_tokens_cpu == [1, 3]
-    assert fb.num_token_non_padded_cpu is None and fb.global_num_tokens_cpu is None
-    fb = draft_batch(bs=1)
-    derive(fb, batch([1, 3]), groups=frozenset({NON_PADDED}))
-    assert fb.num_token_non_padded_cpu == WIDTH
-    assert fb.original_global_num_tokens_cpu is None
+    derive(fb, batch([1, 3]), groups=groups)
+    written = {k for g in groups for k in GROUP_KEYS[g]}
+    assert {k for k in wrong(fb, 1, [1, 3], graph_ok=True)} == (
+        {k for keys in GROUP_KEYS.values() for k in keys} - written
+    )
+    assert all(v is None for k, v in by_key(fb).items() if k not in written)
 
 
 def test_idle_rank_counts_zero_tokens():
     fb = draft_batch(bs=0)
     derive(fb, batch([0, 4]))
-    assert fb.num_token_non_padded_cpu == 0 and int(fb.num_token_non_padded) == 0
+    assert wrong(fb, 0, [0, 4]) == {}
 
 
 def test_buffers_are_reused_and_reallocated_only_for_a_new_dp_size():
     buffers = DraftDPBuffers("cpu", with_non_padded=True)
     first = draft_batch(bs=1)
     derive(first, batch([1, 2]), buffers=buffers)
-    scalar, row = first.num_token_non_padded, first.global_num_tokens_gpu
+    views = (
+        first.num_token_non_padded,
+        first.global_num_tokens_gpu,
+        first.global_num_tokens_for_logprob_gpu,
+    )
+
+    def same_views(fb):
+        return all(
+            a is b and a.data_ptr() == b.data_ptr()
+            for a, b in zip(
+                views,
+                (
+                    fb.num_token_non_padded,
+                    fb.global_num_tokens_gpu,
+                    fb.global_num_tokens_for_logprob_gpu,
+                ),
+                strict=True,
+            )
+        )
+
     second = draft_batch(bs=2)
     derive(second, batch([2, 7]), buffers=buffers)
-    assert second.num_token_non_padded is scalar
-    assert second.global_num_tokens_gpu is row
-    assert second.global_num_tokens_gpu.data_ptr() == row.data_ptr()
-    assert second.global_num_tokens_gpu.tolist() == [6, 21]
-    assert int(scalar) == 6
+    assert same_views(second)
+    assert wrong(second, 2, [2, 7]) == {}
     third = draft_batch(bs=1)
     derive(third, batch([1, 1, 1, 1]), buffers=buffers)  # DP 2 -> 4
     # A new DP size lays the packed buffer out anew, scalar included.
-    assert third.global_num_tokens_gpu.tolist() == [3, 3, 3, 3]
-    assert int(third.num_token_non_padded) == WIDTH
+    assert wrong(third, 1, [1, 1, 1, 1]) == {}
+    views = (
+        third.num_token_non_padded,
+        third.global_num_tokens_gpu,
+        third.global_num_tokens_for_logprob_gpu,
+    )
     fourth = draft_batch(bs=2)
     derive(fourth, batch([2, 1, 1, 1]), buffers=buffers)
-    assert fourth.num_token_non_padded is third.num_token_non_padded
-    assert fourth.global_num_tokens_gpu is third.global_num_tokens_gpu
+    assert same_views(fourth)
+    assert wrong(fourth, 2, [2, 1, 1, 1]) == {}
 
 
 def test_without_the_device_count_only_the_host_count_is_written():
     fb = draft_batch(bs=2)
     derive(fb, batch([2, 1]), device_count=False)
-    assert fb.num_token_non_padded is None
-    assert fb.num_token_non_padded_cpu == 2 * WIDTH
+    assert wrong(fb, 2, [2, 1], device_count=False) == {}
 
 
 def test_renamed_fields_are_found_and_written():
@@ -206,9 +262,10 @@ def test_renamed_fields_are_found_and_written():
     assert names.dp_graph_ok is None
     assert names.missing("dp_graph_ok", "unscaled") == ["dp_graph_ok"]
     fb = draft_batch(RenamedForwardBatch, bs=1)
-    derive(fb, batch([1, 0]), names=names, groups=frozenset({UNSCALED, NON_PADDED}))
-    assert fb.global_num_token_non_padded_cpu == WIDTH
-    assert int(fb.global_num_token_non_padded) == WIDTH
+    groups = frozenset({UNSCALED, NON_PADDED})  # no graph flag to write
+    derive(fb, batch([1, 0]), names=names, groups=groups)
+    written = {k for g in groups for k in GROUP_KEYS[g]}
+    assert not written & set(wrong(fb, 1, [1, 0]))
 
 
 # -- expectations ---------------------------------------------------------
@@ -435,48 +492,34 @@ def step(buffers, counts, bs):
     return fb
 
 
-def values(fb):
-    return (
-        int(fb.num_token_non_padded),
-        fb.global_num_tokens_gpu.tolist(),
-        fb.global_num_tokens_for_logprob_gpu.tolist(),
-    )
-
-
 def test_a_repeated_step_issues_no_device_work_and_keeps_the_values():
     buffers = DraftDPBuffers("cpu")
     step(buffers, [2, 3], bs=2)
     with DeviceWork() as work:
         fb = step(buffers, [2, 3], bs=2)
     assert work.writes == []
-    assert values(fb) == (2 * WIDTH, [6, 9], [6, 9])
-    assert fb.num_token_non_padded_cpu == 2 * WIDTH
+    assert wrong(fb, 2, [2, 3]) == {}
 
 
 @pytest.mark.parametrize(
-    "then, bs, expect",
+    "then, bs",
     [
-        ([2, 4], 2, (2 * WIDTH, [6, 12], [6, 12])),  # one other rank's count
-        ([1, 3], 1, (WIDTH, [3, 9], [3, 9])),  # this rank's count
-        ([2, 3, 0, 0], 2, (2 * WIDTH, [6, 9, 0, 0], [6, 9, 0, 0])),  # DP size
-        ([0, 3], 0, (0, [0, 9], [0, 9])),  # an idle step
+        ([2, 4], 2),  # one other rank's count
+        ([1, 3], 1),  # this rank's count
+        ([2, 3, 0, 0], 2),  # DP size
+        ([0, 3], 0),  # an idle step
     ],
 )
-def test_a_changed_input_is_written(then, bs, expect):
+def test_a_changed_input_is_written(then, bs):
     buffers = DraftDPBuffers("cpu")
     step(buffers, [2, 3], bs=2)
-    assert values(step(buffers, then, bs=bs)) == expect
+    assert wrong(step(buffers, then, bs=bs), bs, then) == {}
 
 
 def test_busy_idle_busy_serves_each_steps_values():
     buffers = DraftDPBuffers("cpu")
-    seen = [values(step(buffers, c, bs)) for c, bs in (([2, 3], 2), ([0, 3], 0))]
-    seen.append(values(step(buffers, [2, 3], bs=2)))
-    assert seen == [
-        (2 * WIDTH, [6, 9], [6, 9]),
-        (0, [0, 9], [0, 9]),
-        (2 * WIDTH, [6, 9], [6, 9]),
-    ]
+    for counts, bs in (([2, 3], 2), ([0, 3], 0), ([2, 3], 2)):
+        assert wrong(step(buffers, counts, bs), bs, counts) == {}
 
 
 def test_an_in_place_write_by_someone_else_is_overwritten_on_a_repeat():
@@ -486,8 +529,9 @@ def test_an_in_place_write_by_someone_else_is_overwritten_on_a_repeat():
     buffers = DraftDPBuffers("cpu")
     fb = step(buffers, [2, 3], bs=2)
     fb.global_num_tokens_gpu.copy_(torch.tensor([9, 9]))  # padded by SGLang
+    fb.global_num_tokens_for_logprob_gpu.copy_(torch.tensor([9, 9]))
     fb.num_token_non_padded.fill_(99)
-    assert values(step(buffers, [2, 3], bs=2)) == (2 * WIDTH, [6, 9], [6, 9])
+    assert wrong(step(buffers, [2, 3], bs=2), 2, [2, 3]) == {}
 
 
 def test_the_caller_mutating_its_count_list_does_not_fool_the_repeat_check():
@@ -495,7 +539,7 @@ def test_the_caller_mutating_its_count_list_does_not_fool_the_repeat_check():
     counts = [2, 3]
     step(buffers, counts, bs=2)
     counts[1] = 5  # the same list object, new values
-    assert values(step(buffers, counts, bs=2))[1] == [6, 15]
+    assert wrong(step(buffers, counts, bs=2), 2, [2, 5]) == {}
 
 
 # --------------------------------------------------------------------------
@@ -527,11 +571,11 @@ def test_a_changed_step_is_one_copy_and_no_kernel():
     with DeviceWork() as work:
         fb = step(buffers, [1, 4], bs=1)  # the scalar and both rows change
     assert work.writes == ["copy_"]
-    assert values(fb) == (WIDTH, [3, 12], [3, 12])
+    assert wrong(fb, 1, [1, 4]) == {}
     with DeviceWork() as work:
         fb = step(buffers, [1, 5], bs=1)  # the rows alone change
     assert work.writes == ["copy_"]
-    assert values(fb) == (WIDTH, [3, 15], [3, 15])
+    assert wrong(fb, 1, [1, 5]) == {}
 
 
 def test_a_part_not_given_keeps_its_value():
@@ -588,12 +632,12 @@ def test_a_host_buffer_is_never_rewritten_while_its_copy_is_in_flight():
     assert len(events) == 1 and not events[0].done
     fb = step(buffers, [1, 3], bs=1)  # the other buffer: no wait
     assert host_words(buffers, 0) == state["first"]
-    assert values(fb) == (WIDTH, [3, 9], [3, 9])
+    assert wrong(fb, 1, [1, 3]) == {}
     assert buffers.host_waits == 0 and "synchronize" not in log
     fb = step(buffers, [2, 4], bs=2)  # buffer 0 again, still in flight: wait
     assert log.count("synchronize") == 1 and buffers.host_waits == 1
     assert log.index("synchronize") < len(log) - 1  # waited, then recorded
-    assert values(fb) == (2 * WIDTH, [6, 12], [6, 12])
+    assert wrong(fb, 2, [2, 4]) == {}
     assert host_words(buffers, 0) != state["first"]
 
 
@@ -609,7 +653,7 @@ def test_a_completed_copy_frees_its_host_buffer_without_a_wait():
         for event in events:
             event.done = True  # the GPU keeps up
         fb = step(buffers, counts, bs=counts[0])
-        assert values(fb)[1] == [c * WIDTH for c in counts]
+        assert wrong(fb, counts[0], counts) == {}
     assert buffers.host_waits == 0 and "synchronize" not in log
     assert len(events) == DraftDPBuffers.DEPTH == 2  # one event per buffer
 

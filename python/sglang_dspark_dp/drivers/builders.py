@@ -85,16 +85,22 @@ def make_schedule_batch(
     seq_lens: torch.Tensor,
     global_num_tokens: list[int] | None,
     can_run_dp_cuda_graph: bool = True,
+    global_num_tokens_for_logprob: list[int] | None = None,
 ) -> Any:
-    """A real ``ScheduleBatch`` carrying what the draft path reads."""
+    """A real ``ScheduleBatch`` carrying what the draft path reads; the
+    logprob row is the token row unless given (a decode step's)."""
     batch = api.schedule_batch_cls(reqs=[])
     bs = int(seq_lens.numel())
     batch.seq_lens = seq_lens
     batch.seq_lens_cpu = seq_lens.cpu()
     batch.req_pool_indices = torch.arange(bs, dtype=torch.int64, device=seq_lens.device)
     batch.global_num_tokens = global_num_tokens
+    if global_num_tokens_for_logprob is None and global_num_tokens is not None:
+        global_num_tokens_for_logprob = global_num_tokens
     batch.global_num_tokens_for_logprob = (
-        None if global_num_tokens is None else list(global_num_tokens)
+        None
+        if global_num_tokens_for_logprob is None
+        else list(global_num_tokens_for_logprob)
     )
     batch.can_run_dp_cuda_graph = can_run_dp_cuda_graph
     if hasattr(batch, "can_run_decode_cuda_graph"):

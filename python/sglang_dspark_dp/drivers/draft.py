@@ -139,16 +139,19 @@ class DraftDriver:
         bs: int,
         global_num_tokens: list[int] | None,
         can_run_dp_cuda_graph: bool = True,
+        global_num_tokens_for_logprob: list[int] | None = None,
     ) -> Seen | None:
         """Run this rank's draft forward of one decode step: the busy path if
         ``bs > 0``, else the idle path. Returns what the runner saw (None: the
-        stock idle path sent nothing). The stock exception propagates."""
+        stock idle path sent nothing). The stock exception propagates. The
+        scheduler's logprob row is its token row unless given."""
         seq_lens = torch.full((bs,), 16, dtype=torch.int64, device=self.device)
         batch = make_schedule_batch(
             self.api,
             seq_lens=seq_lens,
             global_num_tokens=global_num_tokens,
             can_run_dp_cuda_graph=can_run_dp_cuda_graph,
+            global_num_tokens_for_logprob=global_num_tokens_for_logprob,
         )
         return self.step_batch(bs, batch)
 
