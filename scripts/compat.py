@@ -190,8 +190,8 @@ def render(rows: list[dict]) -> str:
         "the plugin stands in for it (`doctor`); then what a short "
         "`sglang-dspark-dp verify` (2 simulated ranks, one of them short of "
         "memory at startup; 200 decode steps per EP tier) shows without and "
-        "with the plugin, and the release's test suite. Nothing here is "
-        "written by hand.",
+        "with the plugin, and the release's test suite (its benchmark-script "
+        "tests aside). Nothing here is written by hand.",
         "",
         "| SGLang | "
         + " | ".join(c.label for c in upstream.CHANGES)
