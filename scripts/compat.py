@@ -79,10 +79,14 @@ def _git(*argv: str) -> str:
 
 def _commit() -> str:
     """The plugin's commit this row measured ("unknown" outside a checkout;
-    "+" marks uncommitted changes)."""
+    "+" marks uncommitted changes, other than the rows and the table this
+    script writes itself)."""
     try:
         head = _git("rev-parse", "--short", "HEAD")
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
+        dirty = _git(
+            "status", "--porcelain", "--untracked-files=no", "--",
+            ".", ":(exclude)compat", ":(exclude)COMPATIBILITY.md",
+        )  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+" if dirty else "")
