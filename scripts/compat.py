@@ -66,6 +66,11 @@ def _suite(junit: str | None) -> dict | None:
     return {"passed": ran - bad, "failed": bad, "skipped": total("skipped")}
 
 
+#: Where this script writes, relative to the checkout (the defaults of
+#: ``row --out``, ``table --rows`` and ``table --out``).
+ROWS_DIR, TABLE = "compat", "COMPATIBILITY.md"
+
+
 def _git(*argv: str) -> str:
     root = Path(__file__).resolve().parent.parent
     return subprocess.run(
@@ -85,7 +90,7 @@ def _commit() -> str:
         head = _git("rev-parse", "--short", "HEAD")
         dirty = _git(
             "status", "--porcelain", "--untracked-files=no", "--",
-            ".", ":(exclude)compat", ":(exclude)COMPATIBILITY.md",
+            ".", f":(exclude){ROWS_DIR}", f":(exclude){TABLE}",
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -271,12 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("row", help="measure this Python's SGLang release")
-    r.add_argument("--out", default="compat")
+    r.add_argument("--out", default=ROWS_DIR)
     r.add_argument("--junit", default=None, help="the suite's JUnit XML")
     r.set_defaults(func=cmd_row)
     t = sub.add_parser("table", help="render every row into the table")
-    t.add_argument("--rows", default="compat")
-    t.add_argument("--out", default="COMPATIBILITY.md")
+    t.add_argument("--rows", default=ROWS_DIR)
+    t.add_argument("--out", default=TABLE)
     t.set_defaults(func=cmd_table)
     c = sub.add_parser("check", help="exit 1 if the recorded suite failed")
     c.add_argument("junit")
