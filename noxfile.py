@@ -66,6 +66,7 @@ SMOKE_TESTS = (
     "test/srt/test_fidelity.py",
     "test/srt/test_process_state.py",
     "test/srt/test_backport.py",
+    "test/srt/test_diverge.py",
 )
 #: The suite a backport build runs with the plugin off, per upstream change
 #: it carries (``sglang_dspark_dp.upstream``).
@@ -139,6 +140,21 @@ def install(session: nox.Session, sglang: str) -> None:
     # The benchmarks are their own distribution (one import name); the "./"
     # keeps the installer from taking the folder name for a PyPI project.
     session.install("--no-deps", "-e", ".", "-e", "./benchmark")
+    session.install(*EXTRA_REQUIREMENTS)
+
+
+def _extra(name: str) -> list[str]:
+    """The plugin's optional requirements ``name``, as pyproject.toml pins
+    them (one place)."""
+    import tomllib
+
+    with open(os.path.join(os.path.dirname(__file__), "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]["optional-dependencies"][name]
+
+
+#: What the suite needs beyond SGLang and the test tools: ``diverge``'s
+#: hypothesis.
+EXTRA_REQUIREMENTS = _extra("diverge")
 
 
 def pytest(

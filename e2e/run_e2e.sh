@@ -142,12 +142,33 @@ start_server() {  # start_server LOG SPEC(yes|no) [env KEY=VAL ...]
   SERVER_PID=$!
 }
 
+# port_taken: something already listens on PORT (a server an earlier, cut
+# call left running would answer this part's checks in its place).
+port_taken() {
+  "$PY" -c 'import socket, sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(0)
+sys.exit(1)' "$PORT"
+}
+
 # run_part PART SPEC ENV...: one server and its checks.
 run_part() {
   local part="$1" spec="$2"; shift 2
   local log="$OUT/server_$part.log" plugin=on
   [[ $part == noplugin ]] && plugin=off
   rm -f "$OUT/rows-$part.json" "$OUT/bench_$part.jsonl"
+  if port_taken; then
+    echo "run_e2e.sh: port $PORT is already in use (a server left by an earlier call?);" \
+      "not starting $part, whose checks would reach that server instead" >&2
+    not_run "$part" "port $PORT was already in use by another process" \
+      "/health (server ready)" "plugin log lines" "CUDA graph capture" \
+      "streaming request 200" "32 concurrent requests 200" "greedy outputs"
+    pack "$part"
+    return 1
+  fi
   start_server "$log" "$spec" "$@"
   if ! check_rc "$part" "/health (server ready)" health --url "$URL" \
       --timeout "$HEALTH_TIMEOUT" --pid "$SERVER_PID"; then

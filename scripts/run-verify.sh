@@ -27,4 +27,6 @@ if [ ! -x "$VENV/bin/sglang-dspark-dp" ] || ! "$VENV/bin/python" -c "import sgla
   "$UV" pip install -q --python "$VENV/bin/python" --excludes "$VENV/excludes.txt" "sglang==$VERSION"
 fi
 "$UV" pip install -q --python "$VENV/bin/python" --no-deps -e "$ROOT"
+# diverge's one requirement (the plugin's `diverge` extra, pinned there).
+"$UV" pip install -q --python "$VENV/bin/python" -e "$ROOT[diverge]"
 exec "$VENV/bin/sglang-dspark-dp" verify "$@"

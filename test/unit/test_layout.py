@@ -21,6 +21,9 @@ NOT_SGLANG = {
     "_SubParsersAction": "argparse",
     "_exit": "os",
     "_version": "torch.Tensor (its version counter)",
+    "_C": "torch (its C extension)",
+    "_distributed_c10d": "torch._C (c10d, where the flight recorder lives)",
+    "_dump_fr_trace": "torch._C._distributed_c10d (the flight recorder's dump)",
 }
 #: The plugin's own attributes on SGLang objects carry this prefix.
 OWN_PREFIX = "_sglang_dspark_dp"

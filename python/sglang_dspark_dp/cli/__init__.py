@@ -6,6 +6,8 @@
 * ``judge``   the installed SGLang build alone (plugin off), one verdict per
   upstream change, for maintainers who cherry-pick onto a release branch.
 * ``repro``   one DP step on stock SGLang and with the repair, side by side.
+* ``diverge`` perturbed simulated ranks, PyTorch's flight recorder, and the
+  first collective on which they part, named by site and upstream change.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from __future__ import annotations
 import json
 import sys
 
-from sglang_dspark_dp.cli import doctor, judge, repro, verify
+from sglang_dspark_dp.cli import diverge, doctor, judge, repro, verify
 from sglang_dspark_dp.cli.common import EXIT_CANNOT, Parser, err
 
-COMMANDS = (verify, doctor, judge, repro)
+COMMANDS = (verify, doctor, judge, repro, diverge)
 
 
 def build_parser() -> Parser:

@@ -56,7 +56,7 @@ import time
 import traceback
 from typing import Any
 
-from sglang_dspark_dp.harness import groups
+from sglang_dspark_dp.harness import groups, world
 from sglang_dspark_dp.harness.lockstep import CannotRun, free_port
 from sglang_dspark_dp.harness.ranks import is_int, is_number, run_ranks
 
@@ -150,8 +150,7 @@ class CompactConfig:
     def validate(self) -> None:
         if self.scenario not in SCENARIOS:
             raise CannotRun(
-                f"scenario must be one of {', '.join(SCENARIOS)}, got "
-                f"{self.scenario!r}"
+                f"scenario must be one of {', '.join(SCENARIOS)}, got {self.scenario!r}"
             )
         if self.mode not in MODES:
             raise CannotRun(
@@ -447,44 +446,6 @@ class _TPGroup:
         return f"_TPGroup({self._group!r})"
 
 
-def _near_tie(cfg: CompactConfig, oracle: Any, module: Any, shape: Any) -> Any:
-    """Confidences ``scale * shape`` with ``scale`` bisected to the edge
-    between two graph tiers of the installed budget planner (``oracle``:
-    a one-rank planner whose budget method is stock)."""
-    import torch
-
-    from sglang_dspark_dp.adapter import planner as sg_planner
-
-    rows = torch.arange(1, cfg.bs + 1, dtype=torch.int64)
-    prefix = torch.full((cfg.bs,), 64, dtype=torch.int64)
-
-    def tier(scale: float) -> int | None:
-        budget = oracle.compute_budget_sync(
-            confidence=(shape * scale).clamp(0.0, 1.0),
-            prefix_lens=prefix,
-            req_pool_indices=rows,
-        )
-        return sg_planner.graph_tier(
-            module,
-            bs=cfg.bs,
-            budget=budget,
-            verify_num_draft_tokens=cfg.verify_tokens,
-            capture_num_tokens=cfg.capture_num_tokens,
-        )
-
-    lo, hi = 0.3, 1.0
-    t_lo, t_hi = tier(lo), tier(hi)
-    if t_lo == t_hi:
-        return shape * hi
-    for _ in range(24):
-        mid = (lo + hi) / 2
-        if tier(mid) == t_lo:
-            lo = mid
-        else:
-            hi = mid
-    return shape * ((lo + hi) / 2)
-
-
 def _rank_body(rank: int, cfg: CompactConfig, port: int, sps_path: str):
     os.environ["SGLANG_RAGGED_VERIFY_MODE"] = cfg.mode
     records: list[dict[str, Any]] = []
@@ -514,7 +475,6 @@ def _rank_run(
 
     from sglang_dspark_dp import registry
     from sglang_dspark_dp.adapter import planner as sg_planner
-    from sglang_dspark_dp.drivers import planner as standins
     from sglang_dspark_dp.srt.speculative.dspark_components import (
         dspark_planner as budget_repair,
     )
@@ -537,136 +497,249 @@ def _rank_run(
             registry.repair(name).instrument(apply=True)
     status.update(repair.status().as_dict())
 
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=cfg.world,
-        timeout=datetime.timedelta(seconds=cfg.timeout_s),
-    )
+    world.join(rank, cfg.world, port, cfg.timeout_s)
     tp_layout = groups.partition(cfg.world, cfg.tp)
-    base = groups.make_group(
-        tp_layout, rank, name="tp", timeout_s=cfg.hang_s, coordinator=cfg.coordinator
+    base, index = world.verify_group(
+        rank,
+        world.Layout(tp=cfg.tp, groups=cfg.groups),
+        hang_s=cfg.hang_s,
+        coordinator=cfg.coordinator,
     )
     referee_groups = [
         dist.new_group(r, timeout=datetime.timedelta(seconds=cfg.timeout_s))
         for r in tp_layout
     ]
-    index = tp_layout.index(groups.group_of(tp_layout, rank))
     referee = _Referee(referee_groups[index], cfg.tp)
     group = _TPGroup(base, referee)
     status["group_kind"] = groups.kind(base)
     in_group = group.rank_in_group
-
-    rows = torch.arange(1, cfg.bs + 1, dtype=torch.int64)
-    prefix = torch.full((cfg.bs,), 64, dtype=torch.int64)
-    cpu = torch.device("cpu")
-
-    def runner() -> Any:
-        r = standins.model_runner(
-            req_pool_size=cfg.bs + 1,
-            capture_num_tokens=cfg.capture_num_tokens,
-            max_bs=cfg.bs,
-        )
-        r.req_to_token_pool.req_generation[rows] = 1
-        return r
-
-    rt = standins.runtime(
-        tp_size=cfg.tp,
-        disable_overlap_schedule=not cfg.overlap,
-        sps_table_path=sps_path,
-    )
-    one = standins.runtime(
-        tp_size=1, disable_overlap_schedule=False, sps_table_path=sps_path
-    )
-    late_now = [False]
-    with sg_planner.runtime_swaps(module, runtime=rt, group=group):
-        planner = sg_planner.build_planner(
-            module,
-            cls,
-            draft_model=standins.draft_model(),
-            model_runner=runner(),
-            runtime=rt,
-            group=group,
-            gamma=cfg.gamma,
-            verify_num_draft_tokens=cfg.verify_tokens,
-            tp_rank=in_group,
-        )
-        oracle = None
-        if cfg.scenario == DRIFT:
-            with sg_planner.runtime_swaps(
-                module, runtime=one, group=standins.ReplayGroup(1)
-            ):
-                oracle = sg_planner.build_planner(
-                    module,
-                    cls,
-                    draft_model=standins.draft_model(),
-                    model_runner=runner(),
-                    runtime=one,
-                    group=standins.ReplayGroup(1),
-                    gamma=cfg.gamma,
-                    verify_num_draft_tokens=cfg.verify_tokens,
-                )
-        relay = future_map = None
-        if cfg.overlap:
-            lag, depth = sg_planner.relay_lag_steps()
-            events = [
-                standins.CopyEvent(landed=lambda: not late_now[0]) for _ in range(depth)
-            ]
-            relay = sg_planner.relay_on_cpu(
-                pool=planner.model_runner.req_to_token_pool,
-                req_pool_size=cfg.bs + 1,
-                gamma=cfg.gamma,
-                events=events,
-            )
-            future_map = standins.FutureMapStandIn(
-                relay, standins.CopyStream(), publish_ready=object()
-            )
+    with VerifyRank(
+        module,
+        cls,
+        group=group,
+        tp=cfg.tp,
+        bs=cfg.bs,
+        gamma=cfg.gamma,
+        overlap=cfg.overlap,
+        sps_path=sps_path,
+        drift=cfg.scenario == DRIFT,
+    ) as verifier:
         shared = torch.Generator().manual_seed(cfg.seed + 7919 * index)
         own = torch.Generator().manual_seed(cfg.seed * 1000 + rank + 1)
         for step in range(cfg.steps):
             shape = torch.rand((cfg.bs, cfg.gamma), generator=shared) * 0.6 + 0.4
             group.step, group.entered, group.outcome = step, False, NONE_IN
             if cfg.scenario == DRIFT:
-                with sg_planner.bind_budget(oracle, sg_planner.stock_budget(cls)):
-                    base = _near_tie(cfg, oracle, module, shape)
+                base = verifier.near_tie(shape)
                 noise = torch.rand((cfg.bs, cfg.gamma), generator=own) * 2 - 1
                 confidence = (base + noise * cfg.noise).clamp(0.0, 1.0)
-                draft_input = standins.decode_batch(req_pool_indices=rows).spec_info
-                late_now[0] = False
+                late = False
             else:
                 confidence = shape
-                batch = standins.decode_batch(req_pool_indices=rows)
-                draft_input = batch.spec_info
-                late_now[0] = in_group == cfg.late_rank and (
-                    step >= lag and (step - lag) % cfg.late_every == cfg.late_every - 1
+                late = in_group == cfg.late_rank and (
+                    step >= verifier.lag
+                    and (step - verifier.lag) % cfg.late_every == cfg.late_every - 1
                 )
-                planner.prepare_verify_budget(batch, future_map)
-            budget = planner.resolve_verify_token_budget(
-                draft_input=draft_input,
-                confidence=confidence,
-                prefix_lens=prefix,
-                req_pool_indices=rows,
-            )
-            layout = planner.schedule_layout(
-                req_pool_indices=rows,
-                prefix_lens=prefix,
-                device=cpu,
-                confidence=confidence,
-                budget=budget,
-            )
-            if future_map is not None:
-                future_map.publish(rows, confidence)
+            budget, tier = verifier.step(confidence, late=late)
             records.append(
                 {
                     "step": step,
                     "budget": budget,
-                    "tier": None if layout is None else int(layout.graph_num_tokens),
+                    "tier": tier,
                     "entered": group.entered,
-                    "late": late_now[0],
+                    "late": late,
                 }
             )
             referee.end_step(step)
+
+
+class VerifyRank:
+    """One rank's installed ``DSparkVerifyPlanner`` over ``group`` (its TP
+    group), built by its own constructor with the stand-ins of
+    :mod:`sglang_dspark_dp.drivers.planner` and SGLang's runtime swapped in
+    while the context is open: the non-overlap path (``drift``: with a
+    one-rank planner whose budget is stock, to find near-ties) or the
+    overlap path through the real ``ConfidenceRelay`` (a copy that has not
+    landed when a step is ``late``)."""
+
+    def __init__(
+        self,
+        module: Any,
+        cls: type,
+        *,
+        group: Any,
+        tp: int,
+        bs: int,
+        gamma: int,
+        overlap: bool,
+        sps_path: str,
+        drift: bool = False,
+    ) -> None:
+        import torch
+
+        self.module, self.cls, self.group = module, cls, group
+        self.tp, self.bs, self.gamma, self.overlap = tp, bs, gamma, overlap
+        self.sps_path, self.drift = sps_path, drift
+        self.verify_tokens = gamma + 1
+        self.capture_num_tokens = [bs * k for k in range(1, self.verify_tokens + 1)]
+        self.rows = torch.arange(1, bs + 1, dtype=torch.int64)
+        self.prefix = torch.full((bs,), 64, dtype=torch.int64)
+        self.late_now = False
+        self.lag = 0
+        self._swaps: Any = None
+
+    def _runner(self) -> Any:
+        from sglang_dspark_dp.drivers import planner as standins
+
+        r = standins.model_runner(
+            req_pool_size=self.bs + 1,
+            capture_num_tokens=self.capture_num_tokens,
+            max_bs=self.bs,
+        )
+        r.req_to_token_pool.req_generation[self.rows] = 1
+        return r
+
+    def __enter__(self) -> VerifyRank:
+        from sglang_dspark_dp.adapter import planner as sg_planner
+        from sglang_dspark_dp.drivers import planner as standins
+
+        module, cls = self.module, self.cls
+        rt = standins.runtime(
+            tp_size=self.tp,
+            disable_overlap_schedule=not self.overlap,
+            sps_table_path=self.sps_path,
+        )
+        self._swaps = sg_planner.runtime_swaps(module, runtime=rt, group=self.group)
+        self._swaps.__enter__()
+        try:
+            self.planner = sg_planner.build_planner(
+                module,
+                cls,
+                draft_model=standins.draft_model(),
+                model_runner=self._runner(),
+                runtime=rt,
+                group=self.group,
+                gamma=self.gamma,
+                verify_num_draft_tokens=self.verify_tokens,
+                tp_rank=self.group.rank_in_group,
+            )
+            self.oracle = None
+            if self.drift:
+                one = standins.runtime(
+                    tp_size=1,
+                    disable_overlap_schedule=False,
+                    sps_table_path=self.sps_path,
+                )
+                with sg_planner.runtime_swaps(
+                    module, runtime=one, group=standins.ReplayGroup(1)
+                ):
+                    self.oracle = sg_planner.build_planner(
+                        module,
+                        cls,
+                        draft_model=standins.draft_model(),
+                        model_runner=self._runner(),
+                        runtime=one,
+                        group=standins.ReplayGroup(1),
+                        gamma=self.gamma,
+                        verify_num_draft_tokens=self.verify_tokens,
+                    )
+            self.future_map = None
+            if self.overlap:
+                self.lag, depth = sg_planner.relay_lag_steps()
+                events = [
+                    standins.CopyEvent(landed=lambda: not self.late_now)
+                    for _ in range(depth)
+                ]
+                relay = sg_planner.relay_on_cpu(
+                    pool=self.planner.model_runner.req_to_token_pool,
+                    req_pool_size=self.bs + 1,
+                    gamma=self.gamma,
+                    events=events,
+                )
+                self.future_map = standins.FutureMapStandIn(
+                    relay, standins.CopyStream(), publish_ready=object()
+                )
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._swaps is not None:
+            swaps, self._swaps = self._swaps, None
+            swaps.__exit__(*exc)
+
+    def tier_of(self, budget: Any) -> int | None:
+        from sglang_dspark_dp.adapter import planner as sg_planner
+
+        return sg_planner.graph_tier(
+            self.module,
+            bs=self.bs,
+            budget=budget,
+            verify_num_draft_tokens=self.verify_tokens,
+            capture_num_tokens=self.capture_num_tokens,
+        )
+
+    def near_tie(self, shape: Any) -> Any:
+        """Confidences ``scale * shape`` with ``scale`` bisected to the edge
+        between two graph tiers of the installed budget planner (the
+        one-rank planner, its budget method stock)."""
+        from sglang_dspark_dp.adapter import planner as sg_planner
+
+        oracle = self.oracle
+
+        def tier(scale: float) -> int | None:
+            budget = oracle.compute_budget_sync(
+                confidence=(shape * scale).clamp(0.0, 1.0),
+                prefix_lens=self.prefix,
+                req_pool_indices=self.rows,
+            )
+            return self.tier_of(budget)
+
+        with sg_planner.bind_budget(oracle, sg_planner.stock_budget(self.cls)):
+            lo, hi = 0.3, 1.0
+            t_lo, t_hi = tier(lo), tier(hi)
+            if t_lo == t_hi:
+                return shape * hi
+            for _ in range(24):
+                mid = (lo + hi) / 2
+                if tier(mid) == t_lo:
+                    lo = mid
+                else:
+                    hi = mid
+        return shape * ((lo + hi) / 2)
+
+    def step(self, confidence: Any, *, late: bool = False) -> tuple[Any, int | None]:
+        """One decode step's budget and graph tier (None: no compact
+        layout). On the overlap path the budget is prepared from the relay
+        (``late``: this rank's copy has not landed) and the confidences are
+        published after the step."""
+        import torch
+
+        from sglang_dspark_dp.drivers import planner as standins
+
+        draft_input = standins.decode_batch(req_pool_indices=self.rows).spec_info
+        self.late_now = bool(late) if self.overlap else False
+        if self.overlap:
+            batch = standins.decode_batch(req_pool_indices=self.rows)
+            draft_input = batch.spec_info
+            self.planner.prepare_verify_budget(batch, self.future_map)
+        budget = self.planner.resolve_verify_token_budget(
+            draft_input=draft_input,
+            confidence=confidence,
+            prefix_lens=self.prefix,
+            req_pool_indices=self.rows,
+        )
+        layout = self.planner.schedule_layout(
+            req_pool_indices=self.rows,
+            prefix_lens=self.prefix,
+            device=torch.device("cpu"),
+            confidence=confidence,
+            budget=budget,
+        )
+        if self.future_map is not None:
+            self.future_map.publish(self.rows, confidence)
+        return budget, None if layout is None else int(layout.graph_num_tokens)
 
 
 # --------------------------------------------------------------------------
@@ -674,7 +747,7 @@ def _rank_run(
 # --------------------------------------------------------------------------
 
 
-def _write_sps_table(cfg: CompactConfig) -> str:
+def write_sps_table(cfg: CompactConfig) -> str:
     """A profiled SPS table (steps per second falling with batch tokens,
     one probe per captured tier) in a file, as ``--speculative-dspark-sps-
     table-path`` names one."""
@@ -713,7 +786,7 @@ def run_compact_verify(cfg: CompactConfig) -> CompactResult:
     except DidNotEnable as exc:
         raise CannotRun(str(exc)) from exc
     port = free_port(cfg.port)
-    sps_path = _write_sps_table(cfg)
+    sps_path = write_sps_table(cfg)
     start = time.monotonic()
     try:
         reports = run_ranks(

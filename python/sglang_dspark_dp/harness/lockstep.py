@@ -26,7 +26,6 @@ values. Every collective has a timeout; the parent kills what is left.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import multiprocessing as mp
 import os
 import queue
@@ -180,13 +179,9 @@ def _rank_main(rank: int, cfg: RunConfig, port: int, results, progress) -> None:
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=cfg.world,
-            timeout=datetime.timedelta(seconds=cfg.timeout_s),
-        )
+        from sglang_dspark_dp.harness import world
+
+        world.join(rank, cfg.world, port, cfg.timeout_s)
     except Exception as exc:
         results.put(("error", rank, f"could not join the gloo group: {exc}"))
         return
@@ -204,7 +199,6 @@ def _rank_main(rank: int, cfg: RunConfig, port: int, results, progress) -> None:
 def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
     from sglang_dspark_dp import adapter
     from sglang_dspark_dp.drivers import DRAFT_WIDTH, MAX_CAPTURE_BS
-    from sglang_dspark_dp.drivers.draft import DraftDriver
     from sglang_dspark_dp.harness.churn import RankChurn
     from sglang_dspark_dp.srt.speculative.dspark_components import dspark_draft
 
@@ -241,15 +235,9 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
         tiers[ep] = Counter()
         steps_done[ep] = 0
         churn = RankChurn(seed=cfg.seed, rank=dp_rank, dp=cfg.dp, steps=cfg.steps)
-        with adapter.parallel_override(api.get_parallel, ep_size=ep, **topology):
-            driver = DraftDriver(
-                api,
-                gamma=DRAFT_WIDTH,
-                dp_moe_sync=cfg.dp > 1,
-                graph=graph,
-                names=names,
-            )
-            wants_device = bool(api.enable_num_token_non_padded())
+        driver, wants_device = draft_driver(
+            api, graph=graph, names=names, ep=ep, **topology
+        )
         # One collective per step: this step's sync sizes travel with the
         # previous step's decisions (judged one step late, by every rank
         # alike, so all ranks still stop at the same step).
@@ -288,7 +276,7 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
             # One row per DP rank: its first attention-TP rank's.
             sync = [g[:3] for g in gathered[:: cfg.attn_tp]]
             counts = [g[0] for g in sync]
-            decision, text = _decide(
+            decision, text = draft_decision(
                 api,
                 writer,
                 driver,
@@ -308,13 +296,58 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
         results.put(("done", rank, (plugin, steps_done, tiers, failure)))
 
 
-def _decide(
-    api, writer, driver, sync, rank, cfg, ep, capture, wants_device, *, attn_rank=0
+def draft_driver(
+    api: Any,
+    *,
+    graph: Any,
+    names: Any,
+    ep: int,
+    dp_size: int,
+    dp_rank: int,
+    attn_tp_size: int = 1,
+    attn_tp_rank: int = 0,
+) -> tuple[Any, bool]:
+    """One rank's draft driver (the real proposer over ``graph``, the real
+    ``DecodeCudaGraphRunner``), built under its DP/EP topology, and whether
+    the release wants the device non-padded count."""
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.drivers import DRAFT_WIDTH
+    from sglang_dspark_dp.drivers.draft import DraftDriver
+
+    with adapter.parallel_override(
+        api.get_parallel,
+        ep_size=ep,
+        dp_size=dp_size,
+        dp_rank=dp_rank,
+        attn_tp_size=attn_tp_size,
+        attn_tp_rank=attn_tp_rank,
+    ):
+        driver = DraftDriver(
+            api, gamma=DRAFT_WIDTH, dp_moe_sync=dp_size > 1, graph=graph, names=names
+        )
+        wants_device = bool(api.enable_num_token_non_padded())
+    return driver, wants_device
+
+
+def draft_decision(
+    api,
+    writer,
+    driver,
+    sync,
+    rank,
+    cfg,
+    ep,
+    capture,
+    wants_device,
+    *,
+    attn_rank=0,
+    raised: list[BaseException] | None = None,
 ):
     """Build this rank's draft batch for one step (``rank``: its DP rank,
     ``attn_rank``: its place among that DP rank's attention-TP ranks);
     return its decision vector (see :data:`DECISION`) and a text: the error
-    if it raised, else the wrong fields (empty when the batch is correct)."""
+    if it raised (the exception appended to ``raised`` when given), else the
+    wrong fields (empty when the batch is correct)."""
     import torch
 
     from sglang_dspark_dp import adapter, expectations
@@ -370,6 +403,8 @@ def _decide(
             text = "; ".join(g.render(driver.runner.names) for g in gaps)
         except Exception as exc:
             decision[0] = 0
+            if raised is not None:
+                raised.append(exc)
             return decision, f"{type(exc).__name__}: {exc}"
     return decision, text
 

@@ -39,7 +39,6 @@ would. Each rank reports every repair's status.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
 import logging
 import os
@@ -47,7 +46,7 @@ import sys
 import time
 from typing import Any
 
-from sglang_dspark_dp.harness import groups
+from sglang_dspark_dp.harness import groups, world
 from sglang_dspark_dp.harness.lockstep import CannotRun, free_port
 from sglang_dspark_dp.harness.ranks import is_int, is_number, run_ranks
 
@@ -108,26 +107,30 @@ class StartupConfig:
     after_init: bool = False
 
     @property
+    def layout(self) -> world.Layout:
+        return world.Layout(
+            tp=self.tp, dp=self.dp, groups=self.groups, dense_draft=self.dense_draft
+        )
+
+    @property
     def attn_tp(self) -> int:
-        return self.tp // self.dp
+        return self.layout.attn_tp
 
     @property
     def dp_attention(self) -> bool:
-        return self.dp > 1
+        return self.layout.dp_attention
 
     @property
     def world(self) -> int:
-        return self.tp * self.groups
+        return self.layout.world
 
     def capture_size(self) -> int:
         """Ranks per capture group."""
-        return self.attn_tp if self.dense_draft else self.tp
+        return self.layout.capture_size()
 
     def capture_groups(self) -> list[list[int]]:
         """The world's capture groups (each decides on its own)."""
-        from sglang_dspark_dp.harness.groups import partition
-
-        return partition(self.world, self.capture_size())
+        return self.layout.capture_groups()
 
     def free(self) -> tuple[float, ...]:
         """Each rank's free memory (GiB)."""
@@ -414,33 +417,49 @@ def _cutoff() -> float:
 # --------------------------------------------------------------------------
 
 
-def _groups(rank: int, cfg: StartupConfig) -> tuple[Any, Any, Any]:
-    """``(capture group, the draft model runner's TP group, the group
-    SpecTpSync is built on)``; every rank creates every group, in the same
-    order."""
-    tp = groups.make_group(
-        groups.partition(cfg.world, cfg.tp),
-        rank,
-        name="tp",
-        timeout_s=cfg.hang_s,
-        coordinator=cfg.coordinator,
+def stand_in_worker(
+    module: Any,
+    cls: type,
+    *,
+    capture: Any,
+    runner_tp: Any,
+    dp_tp: Any,
+    dense_draft: bool,
+    on_capture: Any,
+) -> tuple[Any, Any]:
+    """A stand-in worker over these groups whose draft capture calls
+    ``on_capture(capture)``, and the recorder of its free-memory readings."""
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.drivers import worker as standins
+
+    worker = standins.WorkerStandIn(
+        module,
+        cls,
+        capture_group=capture,
+        dp_tp_group=dp_tp,
+        on_capture=on_capture,
+        runner_group=runner_tp,
+        dense_draft=dense_draft,
     )
-    if not cfg.dp_attention:
-        return tp, tp, tp
-    attn_layout = groups.partition(cfg.world, cfg.attn_tp)
-    if cfg.attn_tp > 1:
-        attn = groups.make_group(
-            attn_layout,
-            rank,
-            name="attn_tp",
-            timeout_s=cfg.hang_s,
-            coordinator=cfg.coordinator,
-        )
-    else:  # one rank each: nothing to communicate over
-        attn = groups.PlainGroup(groups.group_of(attn_layout, rank), rank, None)
-    if cfg.dense_draft:
-        return attn, tp, attn
-    return tp, tp, attn
+    return worker, standins.RecordedReadings(
+        adapter.memory_helper_sites(module, worker)
+    )
+
+
+def init_graphs(
+    module: Any, cls: type, worker: Any, recorded: Any, free_gib: float
+) -> None:
+    """Run the installed ``init_cuda_graphs`` once on ``worker`` with
+    ``free_gib`` of free memory and the platform taken for CUDA, its
+    readings recorded; whatever the method raises propagates."""
+    from sglang_dspark_dp import adapter
+
+    with (
+        adapter.pretend_cuda(module),
+        adapter.injected_free_memory(free_gib),
+        recorded,
+    ):
+        getattr(cls, adapter.INIT_GRAPHS)(worker)
 
 
 def _rank_body(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
@@ -455,10 +474,8 @@ def _rank_failed(rank: int, why: str) -> dict[str, Any]:
 
 def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
     import torch
-    import torch.distributed as dist
 
     from sglang_dspark_dp import adapter, registry
-    from sglang_dspark_dp.drivers import worker as standins
 
     torch.set_num_threads(1)
     module, cls = adapter.load_worker()
@@ -483,18 +500,14 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
     else:
         for repair in repairs:
             repair.uninstrument()
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=cfg.world,
-        timeout=datetime.timedelta(seconds=cfg.timeout_s),
-    )
+    world.join(rank, cfg.world, port, cfg.timeout_s)
     if cfg.after_init:
         adapter.load_plugins()
     statuses = [r.status() for r in repairs]
     status = next((st for st in statuses if st.enabled), statuses[0])
-    capture, runner_tp, dp_tp = _groups(rank, cfg)
+    capture, runner_tp, dp_tp = world.startup_groups(
+        rank, cfg.layout, hang_s=cfg.hang_s, coordinator=cfg.coordinator
+    )
     told: list[bool] = []
     in_barrier: list[bool] = []
 
@@ -505,48 +518,41 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
             capture.barrier()  # as FullCudaGraphBackend's capture_one does
             in_barrier.clear()
 
-    worker = standins.WorkerStandIn(
+    worker, recorded = stand_in_worker(
         module,
         cls,
-        capture_group=capture,
-        dp_tp_group=dp_tp,
-        on_capture=draft_capture,
-        runner_group=runner_tp,
+        capture=capture,
+        runner_tp=runner_tp,
+        dp_tp=dp_tp,
         dense_draft=cfg.dense_draft,
+        on_capture=draft_capture,
     )
-    recorded = standins.RecordedReadings(adapter.memory_helper_sites(module, worker))
     decision, detail = ERROR, ""
-    free = cfg.free()[rank]
-    with (
-        adapter.pretend_cuda(module),
-        adapter.injected_free_memory(free),
-        recorded,
-    ):
-        try:
-            getattr(cls, adapter.INIT_GRAPHS)(worker)
-            if not told:
-                detail = "init_cuda_graphs returned without a capture decision"
-            else:
-                decision = CAPTURED if told[-1] else SKIPPED
-        except Exception as exc:
-            if in_barrier:
-                decision = HUNG
-                detail = f"no peer reached the capture barrier within {cfg.hang_s:g} s"
-            else:
-                detail = f"{type(exc).__name__}: {exc}"[-500:]
+    try:
+        init_graphs(module, cls, worker, recorded, cfg.free()[rank])
+        if not told:
+            detail = "init_cuda_graphs returned without a capture decision"
+        else:
+            decision = CAPTURED if told[-1] else SKIPPED
+    except Exception as exc:
+        if in_barrier:
+            decision = HUNG
+            detail = f"no peer reached the capture barrier within {cfg.hang_s:g} s"
+        else:
+            detail = f"{type(exc).__name__}: {exc}"[-500:]
     # The capture decision's reading comes first (the folded-sampling
     # decision, where it reads its own, comes after).
-    reading = recorded.readings[0] if recorded.readings else None
+    readings = recorded.readings
+    reading = readings[0] if readings else None
     return {
         "decision": decision,
         "detail": detail,
         "read_gib": None if reading is None else reading.value,
         "reduced": bool(
-            recorded.readings
+            readings
             and capture.world_size > 1
             and all(
-                r.distributed and r.cpu_group is capture.cpu_group
-                for r in recorded.readings
+                r.distributed and r.cpu_group is capture.cpu_group for r in readings
             )
         ),
         "folded": worker.folded,
@@ -598,7 +604,7 @@ def run_startup(cfg: StartupConfig) -> StartupResult:
         ranks.append(
             RankOutcome(
                 rank=r,
-                dp_rank=(r % cfg.tp) // cfg.attn_tp if cfg.dp_attention else 0,
+                dp_rank=cfg.layout.dp_rank(r),
                 group=tuple(groups.group_of(capture_groups, r)),
                 free_gib=free[r],
                 read_gib=report.get("read_gib"),

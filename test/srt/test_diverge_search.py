@@ -1,0 +1,122 @@
+"""``diverge``'s search on the installed SGLang (the full releases' suite):
+stock, hypothesis finds and shrinks every known defect of the build, each as
+its own finding naming its upstream change, and nothing else; with the
+plugin, no divergence in the searched schedules and in at least 2,000 soak
+steps per rank count (2, 4 and 8 ranks)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from known_releases import FOLDED, backport_fixes, known
+from srt_helpers import cli, no_children_left
+
+from sglang_dspark_dp.harness import diverge
+
+HANG_S = 2.0
+SOAK_STEPS = 2000
+
+
+def expected_findings(row, version: str) -> set[tuple[str, str]]:
+    """``(site, change)`` of every defect the recorded behaviour says the
+    build has, as the search must find them on 4 ranks of both layouts."""
+    out = set()
+    if row["dp"]:
+        out.add(("draft", "dp-draft-metadata"))
+    if row["startup_dp"]:
+        out.add(("capture", "capture-group-memory"))
+        if FOLDED[version]:
+            out.add(("folded", "capture-group-memory"))
+    if row["startup_tp"]:
+        out.add(("capture", "spec-tp-sync"))
+        if FOLDED[version]:
+            out.add(("folded", "spec-tp-sync"))
+    if row["compact_verify"]:
+        out.add(("verify-tier", "verify-budget-broadcast"))
+    if row["late_relay"]:
+        out.add(("verify-lens", "relay-wait"))
+    if row["non_overlap"]:
+        out.add(("entry", "non-overlap-pp-proxy"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def row(sglang_version):
+    found = known(sglang_version)
+    if found is None:
+        pytest.fail(f"sglang {sglang_version} has no row in known_releases.py")
+    return found
+
+
+@pytest.fixture(scope="module")
+def stock_search(plugin, tmp_path_factory):
+    """``diverge --no-fix --ranks 4`` (both layouts), as a user runs it."""
+    proc = cli(["diverge", "--no-fix", "--ranks", "4", "--hang", str(HANG_S), "--json"])
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_stock_search_rediscovers_each_known_defect(stock_search, row, sglang_version):
+    code, report = stock_search
+    want = expected_findings(row, sglang_version)
+    got = [(f["site"], f["change"]) for f in report["findings"]]
+    assert len(got) == len(set(got)), got  # each its own finding
+    assert set(got) == want, json.dumps(report["findings"], indent=1)[:4000]
+    assert code == (1 if want else 0)
+    for f in report["findings"]:
+        assert f["reproduced"], f  # its replay line plays it again
+        assert f["replay"] and f["title"]
+
+
+def test_stock_findings_are_shrunk(stock_search):
+    """Each finding's schedule drives only what it needs: one code path
+    (the crash and the entry need no perturbation; the startup ones only
+    memory; the verify ones only their perturbation)."""
+    _, report = stock_search
+    for f in report["findings"]:
+        sched = diverge.Schedule.parse(f["replay"])
+        assert len(sched.sites) == 1, f["replay"]
+        causes = " ".join(f["perturbations"])
+        if f["site"] in ("capture", "folded"):
+            assert sched.sites == ("startup",) and "free memory" in causes
+            assert sum(g != 40.0 for g in sched.free) == 1, f["replay"]
+        if f["site"] == "verify-tier":
+            assert "confidence noise" in causes
+        if f["site"] == "verify-lens":
+            assert "late" in causes
+        if f["site"] == "draft":
+            assert sched.sites == ("draft",)
+        if f["site"] == "entry":
+            assert "overlap schedule off" in causes
+
+
+def test_with_the_plugin_no_rank_count_diverges(plugin, sglang_version):
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    proc = cli(
+        [
+            "diverge",
+            "--ranks",
+            "2,4,8",
+            "--examples",
+            "12",
+            "--hang",
+            "3",
+            "--soak-steps",
+            str(SOAK_STEPS),
+            "--json",
+        ]
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["findings"] == []
+    per_count: dict[int, int] = {}
+    for soak in report["soak"]:
+        assert soak["complete"] and not soak["diverged"], soak
+        n = diverge.Schedule.parse(soak["schedule"]).world
+        per_count[n] = per_count.get(n, 0) + soak["steps"]
+    assert per_count == {2: SOAK_STEPS, 4: SOAK_STEPS, 8: SOAK_STEPS}
+    searched = {(s["layout"], s["world"]) for s in report["searches"]}
+    assert searched == {(lay, n) for lay in ("dp", "tp") for n in (2, 4, 8)}
+    assert no_children_left()
