@@ -141,6 +141,33 @@ def test_a_capture_disagreement_is_found_by_the_recorder(stock_runs, row):
     )
 
 
+def test_the_first_divergence_is_the_programs_not_the_clocks(tmp_path, plugin, row):
+    """The short rank skips the capture barrier and waits in the next step's
+    sync, which the others never reach: two groups part. Whichever rank's
+    process the machine ran first, the divergence is the capture (startup
+    comes before step 0), even where the step sync's clock is the earlier."""
+    if not row["startup_dp"]:
+        pytest.skip("this build reduces the startup reading under DP attention")
+    import dataclasses
+
+    sched = diverge.Schedule.parse(DEFECTS["capture-dp"][0])
+    with diverge.repairs_as(False):
+        diverge.run(sched, fix=False, hang_s=HANG_S, dump_dir=str(tmp_path))
+    dumps = flight.load_dir(str(tmp_path))
+    sidecars = diverge.load_sidecars(str(tmp_path))
+    assert any(diverge.site_of(e) == "step-sync" for e in dumps[2].entries)
+    for d in dumps.values():  # the step sync's clock first
+        d.entries[:] = [
+            dataclasses.replace(
+                e, created_ns=e.created_ns if d.rank != 2 else e.created_ns % 1000
+            )
+            for e in d.entries
+        ]
+    mismatch, finding = diverge.explain(dumps, sidecars, sched)
+    assert finding.site == "capture", finding.as_dict()
+    assert [r for r, e in mismatch.entries.items() if e is None] == [2]
+
+
 def test_a_tier_flip_is_two_sizes_of_one_collective(stock_runs, row):
     if not row["compact_verify"]:
         pytest.skip("this build broadcasts the verify budget")

@@ -116,6 +116,18 @@ SITES: dict[str, tuple[str, dict[str, str]]] = {
     ),
     "step-sync": ("the scheduler's per-step sync", {}),
 }
+#: The sites in the order a run reaches them: startup's, then each step's.
+PROGRAM_ORDER = (
+    "memory",
+    "capture",
+    "folded",
+    "step-sync",
+    "entry",
+    "draft",
+    "verify-budget",
+    "verify-lens",
+    "verify-tier",
+)
 #: The harness functions that enter a decision's consequence, by site.
 _ENTERS = {
     "_enter_capture": "capture",
@@ -913,6 +925,25 @@ def _step_of(dump: flight.RankDump, entry: flight.Entry) -> int | None:
     return len(syncs) - 1
 
 
+def _program_position(
+    dumps: dict[int, flight.RankDump], mismatch: flight.Mismatch
+) -> tuple[int, int]:
+    """Where a mismatch sits in the program: the earliest step and site of
+    what its ranks entered (startup before step 0; a site this module does
+    not know last). A rank that skips a collective of one group enters the
+    next one of another, which the others never reach: both groups part,
+    and the earlier in the program is the divergence."""
+    return min(
+        (
+            -1 if (step := _step_of(dumps[e.rank], e)) is None else step,
+            PROGRAM_ORDER.index(site)
+            if (site := site_of(e)) in PROGRAM_ORDER
+            else len(PROGRAM_ORDER),
+        )
+        for e in mismatch.present()
+    )
+
+
 def _inputs(sidecars: dict[int, dict[str, Any]], rank: int, step: int | None):
     side = sidecars.get(rank, {})
     if step is None:
@@ -933,7 +964,9 @@ def explain(
         for pg, ranks in side.get("pg_ranks", {}).items():
             pg_ranks.setdefault(pg, set()).update(ranks)
     mismatch = flight.first_mismatch(
-        dumps, {pg: tuple(sorted(r)) for pg, r in pg_ranks.items()}
+        dumps,
+        {pg: tuple(sorted(r)) for pg, r in pg_ranks.items()},
+        order=functools.partial(_program_position, dumps),
     )
     if mismatch is None:
         return None, None
@@ -1320,18 +1353,24 @@ def discover(
 ) -> list[Search]:
     """Search each layout again and again, masking each finding's site
     (its consequence, or the code path it crashed in), until a search finds
-    nothing new; every search, the last one empty."""
+    nothing new; every search, the last one empty. A finding whose change
+    is the same under every layout (the non-overlap entry, say) stays
+    masked in the later layouts' searches: it is one defect, found once."""
     out: list[Search] = []
+    everywhere: frozenset[str] = frozenset()
     for layout in layouts:
-        masks: frozenset[str] = frozenset()
+        masks = everywhere
         while len([s for s in out if s.finding]) < max_findings:
             found = search(layout, n, fix=fix, masks=masks, **kwargs)
             out.append(found)
             if on_search is not None:
                 on_search(found)
-            if found.finding is None or found.finding.mask in masks:
+            f = found.finding
+            if f is None or f.mask in masks:
                 break
-            masks = masks | {found.finding.mask}
+            masks = masks | {f.mask}
+            if all(change_of(f.site, other) == f.change for other in layouts):
+                everywhere = everywhere | {f.mask}
     return out
 
 

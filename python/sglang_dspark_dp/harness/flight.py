@@ -24,6 +24,7 @@ import dataclasses
 import os
 import pickle
 import re
+from collections.abc import Callable
 from typing import Any
 
 #: The flight recorder's buffer size variable, read when a process makes its
@@ -291,10 +292,17 @@ def members(dumps: dict[int, RankDump], sidecar_ranks: dict[str, tuple[int, ...]
 def first_mismatch(
     dumps: dict[int, RankDump],
     sidecar_ranks: dict[str, tuple[int, ...]] | None = None,
+    order: Callable[[Mismatch], Any] | None = None,
 ) -> Mismatch | None:
     """The earliest collective on which the ranks of a group differ (None:
     every group's ranks entered the same collectives, as far as every
-    rank's buffer reaches)."""
+    rank's buffer reaches).
+
+    Each group's first mismatch is a candidate; where several groups part
+    (a rank that skips one group's collective goes on to the next group's,
+    where the others never come), ``order`` ranks them by where they sit in
+    the program (a caller that knows it); the clock, which the scheduling of
+    the ranks' processes decides, only breaks what ``order`` leaves tied."""
     groups = members(dumps, sidecar_ranks or {})
     found: list[Mismatch] = []
     for pg, ranks in groups.items():
@@ -328,4 +336,5 @@ def first_mismatch(
             break
     if not found:
         return None
-    return min(found, key=lambda m: (m.created_ns(), m.pg))
+    rank = order or (lambda m: 0)
+    return min(found, key=lambda m: (rank(m), m.created_ns(), m.pg))
