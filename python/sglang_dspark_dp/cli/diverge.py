@@ -435,7 +435,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--examples",
         type=int_arg("--examples", 1, 10_000),
         default=40,
-        help="schedules a search generates before it gives up (default 40)",
+        help="distinct schedules a search runs before it gives up (default 40)",
     )
     d.add_argument(
         "--shrink-runs",

@@ -74,6 +74,9 @@ IDLE_CHOICES = (0.0, 0.3)
 MAX_BUSY = 48
 #: Seeds a searched schedule draws from (few: shrinking one costs runs).
 SEEDS = 16
+#: How much likelier a search's generated schedule takes each perturbed
+#: value (and the longest run) than the simplest (see :func:`strategy`).
+GENERATION_WEIGHT = 3
 #: Compact verify's shape (requests, draft width) and its verify window.
 VERIFY_BS, VERIFY_GAMMA = 8, 7
 #: Flight-recorder entries a rank keeps: enough for the longest run.
@@ -137,12 +140,13 @@ _ENTERS = {
     "_enter_step_sync": "step-sync",
 }
 #: What a later search leaves out once a site's divergence is found, so
-#: that the next one can show: the consequence collective (``capture``,
+#: that the next one can show (a run whose first divergence is a known one
+#: shows nothing beyond it): the consequence collective (``capture``,
 #: ``folded``: the same memory perturbation still reaches the other
-#: decision), the code path (``driver:*``: a crash, or the last divergence
-#: of that path), or the perturbation that caused it (``perturbation:*``:
-#: the tier flip of confidence noise, so that a late copy can still flip
-#: the tier).
+#: decision), the code path (``driver:*``: a crash stops it), or the
+#: perturbation that caused it (``perturbation:*``: the tier flip of
+#: confidence noise, the ``verify_lens`` broadcast a late copy leaves; the
+#: verify path stays, so either can still be found after the other).
 MASK_OF = {
     "capture": "capture",
     "folded": "folded",
@@ -150,7 +154,7 @@ MASK_OF = {
     "draft": "driver:draft",
     "entry": "driver:entry",
     "verify-tier": "perturbation:noise",
-    "verify-lens": "driver:verify",
+    "verify-lens": "perturbation:late",
     "verify-budget": "driver:verify",
 }
 
@@ -1212,39 +1216,62 @@ def run(
 def strategy(layout: str, n: int, *, max_steps: int, masks: frozenset[str]) -> Any:
     """Schedules of ``layout`` on ``n`` ranks, each perturbation's simplest
     value first (what hypothesis shrinks towards), the code paths drawn
-    first (shrunk first); a masked path or perturbation is left out."""
+    first (shrunk first); a masked path or perturbation is left out.
+
+    Generation leans away from the simplest values (each other value, and
+    the longest run, :data:`GENERATION_WEIGHT` times as likely): a late copy
+    shows only on a long enough overlap run of the verify path, and a
+    search of a few dozen runs must still reach it; shrinking goes back to
+    the simplest all the same."""
     from hypothesis import strategies as st
 
     driven = [s for s in DRIVEN[layout] if f"driver:{s}" not in masks]
 
+    def leaning(values: tuple[Any, ...]) -> Any:
+        return st.sampled_from(values[:1] + values[1:] * GENERATION_WEIGHT)
+
     def choice(name: str, values: tuple[Any, ...]) -> Any:
         if f"perturbation:{name}" in masks:
             return st.just(values[0])
-        return st.sampled_from(values)
+        return leaning(values)
 
     @st.composite
     def schedules(draw: Any) -> Schedule:
         # One switch per code path: each shrinks to off on its own.
-        picked = [s for s in driven if draw(st.booleans())]
+        picked = tuple(s for s in driven if draw(st.booleans()))
+        # Every field is drawn, in one order, whatever the paths: turning a
+        # path off then leaves the other draws where they were, which is
+        # what lets the shrinker drop it (the canonical form sets what the
+        # paths cannot depend on to its simplest, so such examples repeat a
+        # run: the search counts the runs it makes, not the examples).
+        overlap = draw(st.sampled_from((True, False)))
         free = tuple(draw(choice("free", FREE_CHOICES)) for _ in range(n))
-        return Schedule(
+        longest = (max_steps,) * (GENERATION_WEIGHT - 1)
+        steps = draw(st.sampled_from((*range(1, max_steps + 1), *longest)))
+        out = Schedule(
             layout=layout,
             world=n,
-            sites=tuple(picked),
+            sites=picked,
+            overlap=overlap,
             free=free,
-            steps=draw(st.integers(1, max_steps)),
+            steps=steps,
             noise=draw(choice("noise", NOISE_CHOICES)),
             late=draw(choice("late", LATE_CHOICES)),
             idle=draw(choice("idle", IDLE_CHOICES)),
-            overlap=draw(st.sampled_from((True, False))),
             seed=draw(st.integers(0, SEEDS - 1)),
-        ).canonical()
+        )
+        return out.canonical()
 
     return schedules()
 
 
 class _Budget(Exception):
     """The search's run budget is spent."""
+
+
+#: Examples hypothesis may generate per run a search may make (the rest
+#: repeat a canonical schedule already run, which costs nothing).
+EXAMPLES_PER_RUN = 10
 
 
 @dataclasses.dataclass
@@ -1272,9 +1299,12 @@ def search(
     seed: int = 0,
     hang_s: float = 3.0,
     on_run: Any = None,
+    known: frozenset[tuple[str, str | None]] = frozenset(),
 ) -> Search:
-    """Generate up to ``examples`` schedules until one diverges, then shrink
-    it with at most ``shrink_runs`` more runs; the smallest diverging
+    """Run up to ``examples`` generated schedules (distinct canonical ones)
+    until one diverges in a way not ``known`` (``(site, change)`` of
+    earlier findings), then shrink it with
+    at most ``shrink_runs`` more runs, keeping it new; the smallest such
     schedule found and its finding."""
     from hypothesis import HealthCheck, Phase, find, settings
     from hypothesis.errors import NoSuchExample
@@ -1283,21 +1313,27 @@ def search(
     outcomes: dict[Schedule, RunOutcome] = {}
     state = {"runs": 0, "first": None, "shrinks": 0}
 
+    def new(out: RunOutcome) -> bool:
+        f = out.finding
+        return f is not None and (f.site, f.change) not in known
+
     def diverges(s: Schedule) -> bool:
         if s in outcomes:
-            return outcomes[s].diverged
+            return new(outcomes[s])
         if state["first"] is not None:
             if state["shrinks"] >= shrink_runs:
                 raise _Budget
             state["shrinks"] += 1
+        elif state["runs"] >= examples:
+            raise _Budget  # as many runs as examples, none new
         out = run(s, fix=fix, masks=masks, hang_s=hang_s)
         state["runs"] += 1
         outcomes[s] = out
         if on_run is not None:
             on_run(out)
-        if out.diverged and state["first"] is None:
+        if new(out) and state["first"] is None:
             state["first"] = s
-        return out.diverged
+        return new(out)
 
     smallest: Schedule | None = None
     try:
@@ -1306,7 +1342,7 @@ def search(
                 strategy(layout, n, max_steps=max_steps, masks=masks),
                 diverges,
                 settings=settings(
-                    max_examples=examples,
+                    max_examples=examples * EXAMPLES_PER_RUN,
                     database=None,
                     deadline=None,
                     phases=[Phase.generate, Phase.shrink],
@@ -1317,7 +1353,7 @@ def search(
     except NoSuchExample:
         smallest = None
     except _Budget:
-        diverging = [s for s, o in outcomes.items() if o.diverged]
+        diverging = [s for s, o in outcomes.items() if new(o)]
         smallest = min(diverging, key=_size) if diverging else None
     outcome = outcomes.get(smallest) if smallest is not None else None
     return Search(
@@ -1361,7 +1397,10 @@ def discover(
     for layout in layouts:
         masks = everywhere
         while len([s for s in out if s.finding]) < max_findings:
-            found = search(layout, n, fix=fix, masks=masks, **kwargs)
+            known = frozenset(
+                (s.finding.site, s.finding.change) for s in out if s.finding
+            )
+            found = search(layout, n, fix=fix, masks=masks, known=known, **kwargs)
             out.append(found)
             if on_search is not None:
                 on_search(found)
