@@ -50,6 +50,11 @@ import time
 import traceback
 from typing import Any
 
+try:  # installed: sglang-dspark-dp-bench
+    from sglang_dspark_dp_bench.draft_metadata import bench_common as common
+except ImportError:  # run as a script beside bench_common.py (the GPU machine)
+    import bench_common as common
+
 VARIANTS = ("broadcast", "all-gather", "budget-stock", "budget-repaired")
 LABELS = {
     "broadcast": "budget broadcast (plugin)",
@@ -57,12 +62,6 @@ LABELS = {
     "budget-stock": "compute_budget_sync, stock",
     "budget-repaired": "compute_budget_sync, repaired",
 }
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[k]
 
 
 def _free_port() -> int:
@@ -266,7 +265,7 @@ def run_world(world: int, args: argparse.Namespace) -> dict[str, Any]:
             continue
         row[variant] = {
             "median_us": max(statistics.median(v) for v in per_rank),
-            "p90_us": max(_percentile(v, 0.9) for v in per_rank),
+            "p90_us": max(common.percentile(v, 0.9) for v in per_rank),
         }
     if "repair" in reports[0]:
         row["repair"] = reports[0]["repair"]
@@ -285,7 +284,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     """One line per rank count; figures are µs per call (median / p90)."""
     variants = [v for v in VARIANTS if any(v in r for r in rows)]
     head = ["ranks"] + [LABELS[v] for v in variants] + ["broadcast / all-gather"]
-    lines = [head]
+    lines = []
     for r in rows:
         cells = [str(r["ranks"])]
         for v in variants:
@@ -296,17 +295,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
         ratio = r.get("broadcast_over_allgather")
         cells.append("-" if ratio is None else f"{ratio:.2f}x")
         lines.append(cells)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-
-    def fmt(cells: list[str]) -> str:
-        return (
-            "| "
-            + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False))
-            + " |"
-        )
-
-    out = [fmt(lines[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    out += [fmt(line) for line in lines[1:]]
+    out = common.table_lines(head, lines)
     out.append("(microseconds per call, median / p90 of the slowest rank, CPU gloo)")
     return "\n".join(out)
 

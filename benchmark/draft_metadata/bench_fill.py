@@ -26,7 +26,6 @@ import contextlib
 import datetime as _dt
 import gc
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+try:  # installed: sglang-dspark-dp-bench
+    from sglang_dspark_dp_bench.draft_metadata import bench_common as common
+except ImportError:  # run as a script beside bench_common.py (the GPU machine)
+    import bench_common as common
+
 MODES = ("stock", "plugin", "auto")
 SLEEP_MS = 100.0
 
@@ -43,23 +46,6 @@ SLEEP_MS = 100.0
 # --------------------------------------------------------------------------
 # Worker: one SGLang, one mode, in this process.
 # --------------------------------------------------------------------------
-
-
-def _sglang_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("sglang")
-    except Exception:
-        import sglang
-
-        return str(getattr(sglang, "__version__", "unknown"))
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[k]
 
 
 def _apply_mode(mode: str) -> dict[str, Any]:
@@ -105,13 +91,7 @@ def _calibrate_sleep(torch: Any) -> float:
     cycles = 10_000_000
     torch.cuda._sleep(cycles)  # warm-up (module load)
     torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return cycles / max(start.elapsed_time(end), 1e-3)
+    return common.sleep_cycles_per_ms(torch, cycles)
 
 
 def _host_ms_behind_busy_gpu(torch: Any, fn: Any, cycles: int, reps: int = 3):
@@ -178,7 +158,7 @@ def _measure(
     out: dict[str, Any] = {
         "host_us": {
             "median": statistics.median(samples),
-            "p90": _percentile(samples, 0.9),
+            "p90": common.percentile(samples, 0.9),
             "mean": statistics.fmean(samples),
             "min": min(samples),
             "iters": len(samples),
@@ -391,7 +371,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("--device cuda: torch.cuda.is_available() is False")
     api = adapter.load_sglang_api()
     result: dict[str, Any] = {
-        "sglang": _sglang_version(),
+        "sglang": common.sglang_version(),
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "device": device,
@@ -510,37 +490,9 @@ def dp_fields_cell(r: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------
 
 
-def _child_env(site: str | None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("SGLANG_PLUGINS", None)
-    parts = [site] if site else []
-    parts.append(str(REPO_ROOT / "python"))
-    if env.get("PYTHONPATH"):
-        parts.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    return env
-
-
-def _parse_pairs(values: list[str], flag: str) -> list[tuple[str, str]]:
-    out = []
-    for v in values or []:
-        label, sep, path = v.partition("=")
-        if not sep or not label or not path:
-            raise SystemExit(f"{flag} expects LABEL=PATH, got {v!r}")
-        out.append((label, path))
-    return out
-
-
 def run_compare(args: argparse.Namespace) -> dict[str, Any]:
-    targets = [(label, py, None) for label, py in _parse_pairs(args.python, "--python")]
-    targets += [
-        (label, sys.executable, site)
-        for label, site in _parse_pairs(args.site, "--site")
-    ]
-    if not targets:
-        targets = [("installed", sys.executable, None)]
     runs = []
-    for label, py, site in targets:
+    for label, py, site in common.compare_targets(args):
         for mode in args.modes:
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "r.json"
@@ -563,7 +515,7 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
                     cmd,
                     capture_output=True,
                     text=True,
-                    env=_child_env(site),
+                    env=common.child_env(site),
                     timeout=args.child_timeout,
                 )
                 if proc.returncode == 0 and out.exists():
@@ -691,18 +643,7 @@ def render_table(runs: list[dict[str, Any]]) -> str:
                     r["dp_fields"],
                 ]
             )
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=False)]
-    line = (
-        "| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |"
-    )
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    body = [
-        "| "
-        + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))
-        + " |"
-        for row in rows
-    ]
-    return "\n".join([line, sep, *body])
+    return "\n".join(common.table_lines(head, rows))
 
 
 def render_targets(targets: list[dict[str, Any]]) -> str:

@@ -130,13 +130,9 @@ from pathlib import Path
 from typing import Any
 
 try:  # installed: sglang-dspark-dp-bench
-    from sglang_dspark_dp_bench.draft_metadata.bench_fill import (
-        _child_env,
-        _parse_pairs,
-        _sglang_version,
-    )
-except ImportError:  # run as a script beside bench_fill.py (the GPU machine)
-    from bench_fill import _child_env, _parse_pairs, _sglang_version
+    from sglang_dspark_dp_bench.draft_metadata import bench_common as common
+except ImportError:  # run as a script beside bench_common.py (the GPU machine)
+    import bench_common as common
 
 #: Host parts of one decode step, in the order the loop runs them.
 HOST_PARTS = (
@@ -354,14 +350,7 @@ def render_table(release: dict[str, Any]) -> str:
                 _fmt(cell.get("plugin_over_none"), ".3f"),
             ]
         )
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=False)]
-
-    def line(cells: Sequence[str]) -> str:
-        pairs = zip(cells, widths, strict=True)
-        return "| " + " | ".join(str(c).ljust(w) for c, w in pairs) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(head), sep, *(line(r) for r in rows)])
+    return "\n".join(common.table_lines(head, rows))
 
 
 def render_targets(targets: list[dict[str, Any]]) -> str:
@@ -461,13 +450,7 @@ def calibrate_spin(torch: Any, target_ms: float = 50.0) -> float:
     torch.cuda.synchronize()
     rate = 0.0
     for _ in range(2):  # the second pass at ~target_ms, past clock ramp-up
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        rate = cycles / max(start.elapsed_time(end), 1e-3)
+        rate = common.sleep_cycles_per_ms(torch, cycles)
         cycles = int(rate * target_ms)
     return rate
 
@@ -685,7 +668,7 @@ def run_release(args: argparse.Namespace) -> dict[str, Any]:
         counts_mode=args.counts,
     )
     result: dict[str, Any] = {
-        "sglang": _sglang_version(),
+        "sglang": common.sglang_version(),
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "device_name": torch.cuda.get_device_name(),
@@ -759,15 +742,8 @@ def _worker_argv(args: argparse.Namespace, out: Path) -> list[str]:
 
 
 def run_compare(args: argparse.Namespace) -> dict[str, Any]:
-    targets = [(label, py, None) for label, py in _parse_pairs(args.python, "--python")]
-    targets += [
-        (label, sys.executable, site)
-        for label, site in _parse_pairs(args.site, "--site")
-    ]
-    if not targets:
-        targets = [("installed", sys.executable, None)]
     releases = []
-    for label, py, site in targets:
+    for label, py, site in common.compare_targets(args):
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "r.json"
             cmd = [py, str(Path(__file__).resolve()), *_worker_argv(args, out)]
@@ -777,7 +753,7 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
                 stdout=subprocess.PIPE,
                 stderr=None,  # progress lines go straight through
                 text=True,
-                env=_child_env(site),
+                env=common.child_env(site),
                 timeout=args.child_timeout,
             )
             if proc.returncode == 0 and out.exists():

@@ -50,7 +50,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+try:  # installed: sglang-dspark-dp-bench
+    from sglang_dspark_dp_bench.draft_metadata import bench_common as common
+except ImportError:  # run as a script beside bench_common.py (the GPU machine)
+    import bench_common as common
+
 TARGET_MS = 200.0
 PHASES = ("import", "register", "apply_hooks")
 
@@ -160,19 +164,13 @@ def parse_targets(values: list[str]) -> list[tuple[str | None, str]]:
     return out
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    for name in (
-        "SGLANG_PLUGINS",
-        "SGLANG_DSPARK_DP_DISABLE",
-        "SGLANG_DSPARK_DP_GUARD",
-    ):
-        env.pop(name, None)
-    parts = [str(REPO_ROOT / "python")]
-    if env.get("PYTHONPATH"):
-        parts.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    return env
+#: What a child's environment goes without: the plugin as SGLang would
+#: load it, and the plugin's own switches.
+CHILD_ENV_DROP = (
+    "SGLANG_PLUGINS",
+    "SGLANG_DSPARK_DP_DISABLE",
+    "SGLANG_DSPARK_DP_GUARD",
+)
 
 
 def run_one(python: str, preload: str, timeout: float) -> dict[str, Any]:
@@ -180,7 +178,7 @@ def run_one(python: str, preload: str, timeout: float) -> dict[str, Any]:
         [python, str(Path(__file__).resolve()), "--child", "--preload", preload],
         capture_output=True,
         text=True,
-        env=_child_env(),
+        env=common.child_env(drop=CHILD_ENV_DROP),
         timeout=timeout,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -257,14 +255,7 @@ def render_table(releases: list[dict[str, Any]]) -> str:
                 repairs,
             ]
         )
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=False)]
-
-    def line(cells):
-        pairs = zip(cells, widths, strict=True)
-        return "| " + " | ".join(str(c).ljust(w) for c, w in pairs) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(head), sep, *(line(r) for r in rows)])
+    return "\n".join(common.table_lines(head, rows))
 
 
 def render_target(releases: list[dict[str, Any]]) -> str:

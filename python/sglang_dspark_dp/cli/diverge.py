@@ -26,38 +26,15 @@ import json
 import time
 from typing import Any
 
-from sglang_dspark_dp.cli.common import (
-    EXIT_CANNOT,
-    EXIT_FAIL,
-    EXIT_OK,
-    err,
-    int_arg,
-    quiet_sglang,
-    seconds_arg,
+from sglang_dspark_dp.cli import common
+from sglang_dspark_dp.cli.common import EXIT_CANNOT, EXIT_FAIL, EXIT_OK
+
+#: The search's integer knobs, each at most 10,000: option, least, default, help.
+_KNOBS = (
+    ("--examples", 1, 40, "distinct schedules a search runs before it gives up"),
+    ("--shrink-runs", 0, 24, "runs a search may spend shrinking a diverging schedule"),
+    ("--max-steps", 1, 6, "decode steps a searched schedule has at most"),
 )
-
-
-def _choices(name: str, allowed: tuple[Any, ...], convert: Any = str):
-    """An argparse type: a comma list of ``allowed`` values."""
-
-    def parse(text: str) -> tuple[Any, ...]:
-        out = []
-        for raw in text.split(","):
-            raw = raw.strip()
-            try:
-                value = convert(raw)
-            except ValueError:
-                value = None
-            if value not in allowed:
-                raise argparse.ArgumentTypeError(
-                    f"{name} takes {', '.join(map(str, allowed))} (comma-separated), "
-                    f"got {raw!r}"
-                )
-            if value not in out:
-                out.append(value)
-        return tuple(out)
-
-    return parse
 
 
 def _finding_text(n: int, f: Any, replay_args: str) -> list[str]:
@@ -131,8 +108,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     try:
         dumps = flight.load_dir(args.explain)
     except flight.DumpError as exc:
-        err(f"cannot explain: {exc}")
-        return EXIT_CANNOT
+        return common.cannot(exc, "cannot explain")
     sidecars = diverge.load_sidecars(args.explain)
     schedule = None
     for side in sidecars.values():
@@ -184,8 +160,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                 schedule, fix=not args.no_fix, hang_s=args.hang, dump_dir=args.dump_dir
             )
     except (ValueError, diverge.CannotRun) as exc:
-        err(f"cannot replay: {exc}")
-        return EXIT_CANNOT
+        return common.cannot(exc, "cannot replay")
     payload = {
         "schedule": schedule.replay(),
         "fix": not args.no_fix,
@@ -216,8 +191,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     try:
         diverge.check_installed()
     except diverge.CannotRun as exc:
-        err(f"cannot run: {exc}")
-        return EXIT_CANNOT
+        return common.cannot(exc)
     fix = not args.no_fix
     with diverge.repairs_as(fix):
         return _search_and_soak(args, fix)
@@ -386,7 +360,12 @@ def _search_and_soak(args: argparse.Namespace, fix: bool) -> int:
         if status
         else "diverge: OK: no divergence in "
         + f"{sum(s.runs for s in searches)} searched schedules"
-        + (f" and {total} soak steps per layout and rank count" if soaks else "")
+        + (
+            f" and {total} soak steps ({total // len(args.ranks)} per rank count, "
+            "shared by the layouts)"
+            if soaks
+            else ""
+        )
     )
     lines.append(verdict)
     _emit(args, payload, lines)
@@ -394,11 +373,11 @@ def _search_and_soak(args: argparse.Namespace, fix: bool) -> int:
 
 
 def cmd_diverge(args: argparse.Namespace) -> int:
-    quiet_sglang()
+    common.quiet_sglang()
     start = time.monotonic()
     if args.explain is not None:
         if args.replay is not None:
-            err("--explain and --replay cannot be given together")
+            common.err("--explain and --replay cannot be given together")
             return EXIT_CANNOT
         return _cmd_explain(args)
     try:
@@ -406,7 +385,7 @@ def cmd_diverge(args: argparse.Namespace) -> int:
             return _cmd_replay(args)
         return _cmd_search(args)
     except KeyboardInterrupt:
-        err(f"interrupted after {time.monotonic() - start:.0f} s")
+        common.err(f"interrupted after {time.monotonic() - start:.0f} s")
         return EXIT_CANNOT
 
 
@@ -420,51 +399,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     d.add_argument(
         "--ranks",
-        type=_choices("--ranks", WORLDS, int),
+        type=common.choices_arg("--ranks", WORLDS, int),
         default=(4,),
         help="rank counts, comma-separated, of 2, 4, 8 (default 4)",
     )
     d.add_argument(
         "--layouts",
-        type=_choices("--layouts", LAYOUTS),
+        type=common.choices_arg("--layouts", LAYOUTS),
         default=LAYOUTS,
         help="dp (DP attention, attention TP 1) and/or tp (plain TP); default both",
     )
-    d.add_argument("--no-fix", action="store_true", help="stock SGLang (plugin off)")
-    d.add_argument(
-        "--examples",
-        type=int_arg("--examples", 1, 10_000),
-        default=40,
-        help="distinct schedules a search runs before it gives up (default 40)",
-    )
-    d.add_argument(
-        "--shrink-runs",
-        type=int_arg("--shrink-runs", 0, 10_000),
-        default=24,
-        help="runs a search may spend shrinking a diverging schedule (default 24)",
-    )
-    d.add_argument(
-        "--max-steps",
-        type=int_arg("--max-steps", 1, 10_000),
-        default=6,
-        help="decode steps a searched schedule has at most (default 6)",
-    )
-    d.add_argument(
+    common.add_flag(d, "--no-fix", "stock SGLang (plugin off)")
+    for name, lo, default, text in _KNOBS:
+        common.add_int(d, name, lo, 10_000, default, f"{text} (default {default})")
+    common.add_int(
+        d,
         "--soak-steps",
-        type=int_arg("--soak-steps", 0, 100_000),
-        default=None,
-        help="decode steps of the long runs with every perturbation, per rank "
+        0,
+        100_000,
+        None,
+        "decode steps of the long runs with every perturbation, per rank "
         "count, shared by the layouts, half with the overlap schedule on and "
         "half off (default 2000 with the plugin on, 0 with --no-fix)",
     )
-    d.add_argument("--seed", type=int_arg("--seed", 0), default=0)
-    d.add_argument(
-        "--hang",
-        type=seconds_arg("--hang"),
-        default=3.0,
-        help="seconds a collective waits for its peers (default 3)",
+    common.add_seed(d)
+    common.add_seconds(
+        d, "--hang", 3.0, "seconds a collective waits for its peers (default 3)"
     )
-    d.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_flag(d, "--json", "machine-readable output")
     d.add_argument(
         "--dump-dir",
         default=None,

@@ -11,7 +11,8 @@ import json
 import os
 from typing import Any
 
-from sglang_dspark_dp.cli.common import EXIT_CANNOT, EXIT_FAIL, EXIT_OK, quiet_sglang
+from sglang_dspark_dp.cli import common
+from sglang_dspark_dp.cli.common import EXIT_CANNOT, EXIT_FAIL, EXIT_OK
 
 
 def changes_of(statuses: list[Any]) -> list[dict[str, str]]:
@@ -131,7 +132,7 @@ def _whitelisted(group: str, name: str) -> bool:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    quiet_sglang()
+    common.quiet_sglang()
     report = doctor_report()
     if args.json:
         print(json.dumps(report, indent=2))
@@ -189,5 +190,5 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("doctor", help="report on the installed SGLang and the plugin")
-    d.add_argument("--json", action="store_true")
+    common.add_flag(d, "--json")
     d.set_defaults(func=cmd_doctor)

@@ -12,15 +12,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from sglang_dspark_dp.cli.common import (
-    EXIT_CANNOT,
-    EXIT_FAIL,
-    EXIT_OK,
-    err,
-    int_arg,
-    quiet_sglang,
-    seconds_arg,
-)
+from sglang_dspark_dp.cli import common
+from sglang_dspark_dp.cli.common import EXIT_CANNOT, EXIT_FAIL, EXIT_OK
 
 
 def _combine(verdict: Any, ok: bool, text: str) -> Any:
@@ -140,8 +133,8 @@ def judge(args: argparse.Namespace, keys: list[str]) -> list[tuple[Any, str]]:
 
 
 def cmd_judge(args: argparse.Namespace) -> int:
-    quiet_sglang()
-    from sglang_dspark_dp import adapter, upstream
+    common.quiet_sglang()
+    from sglang_dspark_dp import upstream
     from sglang_dspark_dp.harness.lockstep import CannotRun
     from sglang_dspark_dp.outcome import DidNotEnable
     from sglang_dspark_dp.package import installed_sglang_version
@@ -150,12 +143,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
     try:
         keys = upstream.resolve(args.fixes, groups)
     except ValueError as exc:
-        err(f"--fixes: {exc}")
-        return EXIT_CANNOT
-    try:
-        adapter.load_sglang_api()
-    except DidNotEnable as exc:
-        err(f"cannot run: {exc}")
+        return common.cannot(exc, "--fixes")
+    if common.load_api() is None:
         return EXIT_CANNOT
     labels = ", ".join(upstream.change(k).label for k in keys)
     if not args.json:
@@ -167,8 +156,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
     try:
         judged = judge(args, keys)
     except (CannotRun, DidNotEnable) as exc:
-        err(f"cannot run: {exc}")
-        return EXIT_CANNOT
+        return common.cannot(exc)
     verdicts = [v for v, _ in judged]
     missing = [v for v in verdicts if not v.state.ok]
     if args.json:
@@ -204,14 +192,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             f"stands in for (default: all: {', '.join(upstream.keys())})"
         ),
     )
-    j.add_argument("--dp", type=int_arg("--dp", 2, 16), default=2)
-    j.add_argument(
-        "--steps",
-        type=int_arg("--steps", 1),
-        default=200,
-        help="decode steps per EP tier (default 200)",
-    )
-    j.add_argument("--seed", type=int_arg("--seed", 0), default=0)
-    j.add_argument("--timeout", type=seconds_arg("--timeout"), default=60.0)
-    j.add_argument("--json", action="store_true", help="the verdicts as JSON")
+    common.add_dp(j, 2)
+    common.add_steps(j, 200)
+    common.add_seed(j)
+    common.add_seconds(j, "--timeout", 60.0)
+    common.add_flag(j, "--json", "the verdicts as JSON")
     j.set_defaults(func=cmd_judge)

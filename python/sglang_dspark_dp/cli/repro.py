@@ -5,22 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from sglang_dspark_dp.cli.common import (
-    EXIT_CANNOT,
-    EXIT_FAIL,
-    EXIT_OK,
-    err,
-    int_arg,
-    quiet_sglang,
-)
+from sglang_dspark_dp.cli import common
+from sglang_dspark_dp.cli.common import EXIT_CANNOT, EXIT_FAIL, EXIT_OK
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-    quiet_sglang()
+    common.quiet_sglang()
     from sglang_dspark_dp import adapter
     from sglang_dspark_dp.drivers import DRAFT_WIDTH, MAX_CAPTURE_BS
     from sglang_dspark_dp.drivers.draft import DraftDriver
-    from sglang_dspark_dp.outcome import DidNotEnable
     from sglang_dspark_dp.package import installed_sglang_version
     from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
         DraftDPFieldNames,
@@ -29,10 +22,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
         REPAIR,
     )
 
-    try:
-        api = adapter.load_sglang_api()
-    except DidNotEnable as exc:
-        err(f"cannot run: {exc}")
+    api = common.load_api()
+    if api is None:
         return EXIT_CANNOT
     dp, gamma = args.dp, DRAFT_WIDTH
     counts = [3 if r % 2 == 0 else 0 for r in range(dp)]
@@ -86,8 +77,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     stock_ok = step("stock SGLang (no plugin)")
     st = REPAIR.instrument(apply=True)
     if not st.healthy:
-        err(f"the repair cannot apply: {st.reason}")
-        return EXIT_CANNOT
+        return common.cannot(st.reason, "the repair cannot apply")
     fixed_ok = step(f"with sglang-dspark-dp ({REPAIR.plan.describe()})")
     print(
         f"stock: {'ok' if stock_ok else 'crashes'}; "
@@ -98,5 +88,5 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("repro", help="one DP step: stock vs repaired")
-    r.add_argument("--dp", type=int_arg("--dp", 2, 16), default=2)
+    common.add_dp(r, 2)
     r.set_defaults(func=cmd_repro)

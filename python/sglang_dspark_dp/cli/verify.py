@@ -10,15 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sglang_dspark_dp.cli.common import (
-    EXIT_CANNOT,
-    EXIT_FAIL,
-    EXIT_OK,
-    err,
-    int_arg,
-    quiet_sglang,
-    seconds_arg,
-)
+from sglang_dspark_dp.cli import common
+from sglang_dspark_dp.cli.common import EXIT_CANNOT, EXIT_FAIL, EXIT_OK
 
 
 class _Progress:
@@ -221,14 +214,8 @@ _PHASES = (
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    quiet_sglang()
-    from sglang_dspark_dp import adapter
-    from sglang_dspark_dp.outcome import DidNotEnable
-
-    try:
-        adapter.load_sglang_api()  # no DSpark: one line, exit 2, first
-    except DidNotEnable as exc:
-        err(f"cannot run: {exc}")
+    common.quiet_sglang()
+    if common.load_api() is None:  # no DSpark: one line, exit 2, first
         return EXIT_CANNOT
     failed: list[str] = []
     for name, phase, meaning in _PHASES:
@@ -245,7 +232,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for line in lines:
             print(line, flush=True)
         if status == EXIT_CANNOT:
-            err(lines[-1])
+            common.err(lines[-1])
             return EXIT_CANNOT
         if status != EXIT_OK:
             failed.append(meaning)
@@ -283,11 +270,10 @@ def _decode_phase(args: argparse.Namespace) -> int:
         result = lockstep.run(cfg, on_progress=bar)
     except lockstep.CannotRun as exc:
         bar.close()
-        err(f"cannot run: {exc}")
-        return EXIT_CANNOT
+        return common.cannot(exc)
     except KeyboardInterrupt:
         bar.close()
-        err("interrupted")
+        common.err("interrupted")
         return EXIT_CANNOT
     bar.close()
     print()
@@ -321,45 +307,30 @@ def _decode_phase(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("verify", help="simulate DP ranks and check lockstep (main job)")
-    v.add_argument(
-        "--dp",
-        type=int_arg("--dp", 2, 16),
-        default=4,
-        help="simulated DP ranks, 2-16 (default 4)",
-    )
-    v.add_argument(
-        "--ep",
-        action="store_true",
-        help="EP on only (EP size = --dp); default: EP off, then on",
-    )
-    v.add_argument(
-        "--steps",
-        type=int_arg("--steps", 1),
-        default=2000,
-        help="decode steps per EP tier (default 2000)",
-    )
-    v.add_argument("--seed", type=int_arg("--seed", 0), default=0)
-    v.add_argument(
+    common.add_dp(v, 4, "simulated DP ranks, 2-16 (default 4)")
+    common.add_flag(v, "--ep", "EP on only (EP size = --dp); default: EP off, then on")
+    common.add_steps(v, 2000)
+    common.add_seed(v)
+    common.add_flag(
+        v,
         "--no-fix",
-        action="store_true",
-        help="run stock SGLang (shows the upstream crash on affected releases)",
+        "run stock SGLang (shows the upstream crash on affected releases)",
     )
-    v.add_argument(
+    common.add_int(
+        v,
         "--port",
-        type=int_arg("--port", 0, 65535),
-        default=0,
-        help="loopback port for the gloo group (default: a free one)",
+        0,
+        65535,
+        0,
+        "loopback port for the gloo group (default: a free one)",
     )
-    v.add_argument(
-        "--timeout",
-        type=seconds_arg("--timeout"),
-        default=60.0,
-        help="seconds any collective may wait (default 60)",
+    common.add_seconds(
+        v, "--timeout", 60.0, "seconds any collective may wait (default 60)"
     )
-    v.add_argument("--no-progress", action="store_true")
-    v.add_argument(
+    common.add_flag(v, "--no-progress")
+    common.add_flag(
+        v,
         "--no-startup",
-        action="store_true",
-        help="skip the startup phase (the draft CUDA-graph capture decision)",
+        "skip the startup phase (the draft CUDA-graph capture decision)",
     )
     v.set_defaults(func=cmd_verify)

@@ -58,7 +58,13 @@ from typing import Any
 
 from sglang_dspark_dp.harness import groups, world
 from sglang_dspark_dp.harness.lockstep import CannotRun, free_port
-from sglang_dspark_dp.harness.ranks import is_int, is_number, run_ranks
+from sglang_dspark_dp.harness.ranks import (
+    check_groups,
+    check_timing,
+    is_int,
+    is_number,
+    run_ranks,
+)
 
 MAX_WORLD = 8
 DRIFT = "drift"
@@ -160,11 +166,7 @@ class CompactConfig:
             raise CannotRun(
                 f"tp must be an integer between 2 and {MAX_WORLD}, got {self.tp!r}"
             )
-        if not is_int(self.groups) or not 1 <= self.groups <= MAX_WORLD // self.tp:
-            raise CannotRun(
-                f"groups must be an integer between 1 and {MAX_WORLD // self.tp} "
-                f"(at most {MAX_WORLD} ranks in all), got {self.groups!r}"
-            )
+        check_groups(self, MAX_WORLD, CannotRun)
         for field, low, high in (
             ("steps", 1, 10_000),
             ("bs", 1, 256),
@@ -185,17 +187,7 @@ class CompactConfig:
             raise CannotRun(
                 f"late_rank must name a rank 0-{self.tp - 1}, got {self.late_rank!r}"
             )
-        for field in ("timeout_s", "hang_s"):
-            value = getattr(self, field)
-            if not is_number(value) or value <= 0:
-                raise CannotRun(f"{field} must be a positive number, got {value!r}")
-        if self.hang_s >= self.timeout_s:
-            raise CannotRun(
-                f"hang_s must be less than timeout_s ({self.timeout_s}), got "
-                f"{self.hang_s!r}"
-            )
-        if not is_int(self.port) or not 0 <= self.port <= 65535:
-            raise CannotRun(f"port must be an integer 0-65535, got {self.port!r}")
+        check_timing(self, CannotRun)
         try:
             fails = tuple(self.probe_fails)
         except TypeError:

@@ -36,6 +36,7 @@ from collections import Counter
 from typing import Any
 
 from sglang_dspark_dp.adapter import SYNC_WRITER
+from sglang_dspark_dp.harness.ranks import START_METHOD_ENV, stop
 
 MAX_DP = 16
 #: Fields of a rank's decision vector (``gaps``: how many fields of its
@@ -509,7 +510,7 @@ def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
     except DidNotEnable as exc:
         raise CannotRun(str(exc)) from exc
     port = free_port(cfg.port)
-    method = os.environ.get("SGLANG_DSPARK_DP_START_METHOD", "fork")
+    method = os.environ.get(START_METHOD_ENV, "fork")
     ctx = mp.get_context(method)
     results = ctx.Queue()
     progress = ctx.Value("l", 0)
@@ -556,12 +557,7 @@ def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
         for p in procs:
             p.join(timeout=cfg.timeout_s)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=5)
-        results.close()
+        stop(procs, results)
     if on_progress is not None:
         on_progress(progress.value, total)
     plugin, steps_done, tiers, failure = outcome

@@ -43,6 +43,33 @@ def is_number(value: Any) -> bool:
     )
 
 
+def check_groups(cfg: Any, max_world: int, error: type[Exception]) -> None:
+    """A config field check: ``cfg.groups`` TP groups of ``cfg.tp`` ranks
+    fit in ``max_world`` ranks; else ``error`` saying so."""
+    if not is_int(cfg.groups) or not 1 <= cfg.groups <= max_world // cfg.tp:
+        raise error(
+            f"groups must be an integer between 1 and {max_world // cfg.tp} "
+            f"(at most {max_world} ranks in all), got {cfg.groups!r}"
+        )
+
+
+def check_timing(cfg: Any, error: type[Exception]) -> None:
+    """A config field check: ``cfg.timeout_s`` and ``cfg.hang_s`` positive
+    numbers, ``hang_s`` the shorter, ``cfg.port`` 0-65535; else ``error``
+    naming the first that is not."""
+    for field in ("timeout_s", "hang_s"):
+        value = getattr(cfg, field)
+        if not is_number(value) or value <= 0:
+            raise error(f"{field} must be a positive number, got {value!r}")
+    if cfg.hang_s >= cfg.timeout_s:
+        raise error(
+            f"hang_s must be less than timeout_s ({cfg.timeout_s}), got "
+            f"{cfg.hang_s!r}"
+        )
+    if not is_int(cfg.port) or not 0 <= cfg.port <= 65535:
+        raise error(f"port must be an integer 0-65535, got {cfg.port!r}")
+
+
 def _rank_main(rank: int, body, failed, results, release, timeout_s: float) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -105,10 +132,16 @@ def run_ranks(
         release.set()
         for p in procs:
             p.join(timeout=5)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=5)
-        results.close()
+        stop(procs, results)
     return reports
+
+
+def stop(procs: list[Any], results: Any) -> None:
+    """Kill the rank processes still alive, join them all, and close the
+    queue they reported on."""
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join(timeout=5)
+    results.close()

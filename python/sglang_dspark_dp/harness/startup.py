@@ -48,7 +48,13 @@ from typing import Any
 
 from sglang_dspark_dp.harness import groups, world
 from sglang_dspark_dp.harness.lockstep import CannotRun, free_port
-from sglang_dspark_dp.harness.ranks import is_int, is_number, run_ranks
+from sglang_dspark_dp.harness.ranks import (
+    check_groups,
+    check_timing,
+    is_int,
+    is_number,
+    run_ranks,
+)
 
 MAX_WORLD = 16
 #: Free memory of the ranks that are not short of it (GiB).
@@ -161,11 +167,7 @@ class StartupConfig:
             )
         if self.tp % self.dp:
             raise CannotRun(f"dp must divide tp (tp={self.tp}), got dp={self.dp}")
-        if not is_int(self.groups) or not 1 <= self.groups <= MAX_WORLD // self.tp:
-            raise CannotRun(
-                f"groups must be an integer between 1 and {MAX_WORLD // self.tp} "
-                f"(at most {MAX_WORLD} ranks in all), got {self.groups!r}"
-            )
+        check_groups(self, MAX_WORLD, CannotRun)
         if self.dense_draft and not self.dp_attention:
             raise CannotRun(
                 f"dense_draft needs DP attention (dp > 1), got dp={self.dp!r}"
@@ -189,17 +191,7 @@ class StartupConfig:
                         f"free_gib[{i}] must be a finite number of GiB >= 0, got "
                         f"{value!r}"
                     )
-        for field in ("timeout_s", "hang_s"):
-            value = getattr(self, field)
-            if not is_number(value) or value <= 0:
-                raise CannotRun(f"{field} must be a positive number, got {value!r}")
-        if self.hang_s >= self.timeout_s:
-            raise CannotRun(
-                f"hang_s must be less than timeout_s ({self.timeout_s}), got "
-                f"{self.hang_s!r}"
-            )
-        if not is_int(self.port) or not 0 <= self.port <= 65535:
-            raise CannotRun(f"port must be an integer 0-65535, got {self.port!r}")
+        check_timing(self, CannotRun)
         bad = [r for r in self.probe_fails if not is_int(r) or not 0 <= r < self.world]
         if bad:
             raise CannotRun(
