@@ -14,6 +14,13 @@
 #   nospec    no speculation (plugin on)
 #   report    cross-server rows (greedy identical, bench ratios) and the
 #             merged e2e_results.{json,md}
+#   warmup    (only when named) a DSpark server, plugin off, started until
+#             /health and stopped: a fresh machine's first server pays the
+#             kernels' first-time JIT (minutes), so the servers whose speed
+#             is compared start warm; one row, its ready seconds
+# Every server part runs the same checks in the same order before its
+# bench_serving rounds (stream, 32 concurrent, greedy), so the servers'
+# histories before the rounds are alike; GSM8K (dspark) runs after them.
 # Each part records its rows in DIR/rows-PART.json, so parts can run in
 # separate device calls (DIR survives between calls on one machine; what a
 # call packed to --pack-to comes back). --gpus 2|4: DP attention + EP over
@@ -59,11 +66,12 @@ while (($#)); do
   esac
 done
 case "$GPUS" in 1|2|4) ;; *) echo "--gpus must be 1, 2 or 4 (got '$GPUS')" >&2; exit 2 ;; esac
+case "$ROUNDS" in ''|*[!0-9]*|0) echo "--rounds must be a positive integer (got '$ROUNDS')" >&2; exit 2 ;; esac
 case "$RELEASE" in 16|17) ;; *) echo "--release must be 16 or 17 (got '$RELEASE')" >&2; exit 2 ;; esac
 ((${#PARTS[@]})) || PARTS=(dspark noplugin nospec report)
 for p in "${PARTS[@]}"; do
-  case "$p" in dspark|noplugin|nospec|report) ;;
-    *) echo "--only must be dspark, noplugin, nospec or report (got '$p')" >&2; exit 2 ;;
+  case "$p" in dspark|noplugin|nospec|report|warmup) ;;
+    *) echo "--only must be dspark, noplugin, nospec, report or warmup (got '$p')" >&2; exit 2 ;;
   esac
 done
 # Graph batch sizes: one GPU captures 1-8 (the issue-24 start-up budget);
@@ -105,6 +113,26 @@ not_run() {  # not_run PART WHY NAME...
 }
 
 SERVER_PID=""
+# The server's process group is recorded in OUT (which outlives a call on
+# one machine): a call cut at its limit never reaches stop_server, and its
+# server would answer the next part's checks on the same port.
+PGID_FILE="$OUT/server.pgid"
+stop_stale() {
+  [[ -s "$PGID_FILE" ]] || return 0
+  local pgid
+  pgid="$(cat "$PGID_FILE")"
+  if [[ $pgid =~ ^[0-9]+$ ]] && kill -0 -- "-$pgid" 2>/dev/null; then
+    echo "run_e2e.sh: stopping the server left by an earlier call (process group $pgid)" >&2
+    kill -TERM -- "-$pgid" 2>/dev/null || true
+    for _ in $(seq "$GRACE"); do
+      kill -0 -- "-$pgid" 2>/dev/null || break
+      sleep 1
+    done
+    kill -KILL -- "-$pgid" 2>/dev/null || true
+    sleep 1
+  fi
+  rm -f "$PGID_FILE"
+}
 stop_server() {
   [[ -n "$SERVER_PID" ]] || return 0
   if kill -0 "$SERVER_PID" 2>/dev/null; then
@@ -118,6 +146,7 @@ stop_server() {
   kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
   wait "$SERVER_PID" 2>/dev/null || true
   SERVER_PID=""
+  rm -f "$PGID_FILE"
 }
 pack() {  # pack PART: everything so far as one file, and the part's rows
   # (the device returns 8 files at most).
@@ -140,6 +169,7 @@ start_server() {  # start_server LOG SPEC(yes|no) [env KEY=VAL ...]
   # setsid: its own process group, stopped as a whole by stop_server.
   setsid env "$@" "$PY" -c "$SGLANG_MAIN" "${args[@]}" >>"$log" 2>&1 &
   SERVER_PID=$!
+  echo "$SERVER_PID" >"$PGID_FILE"
 }
 
 # port_taken: something already listens on PORT (a server an earlier, cut
@@ -160,6 +190,7 @@ run_part() {
   local log="$OUT/server_$part.log" plugin=on
   [[ $part == noplugin ]] && plugin=off
   rm -f "$OUT/rows-$part.json" "$OUT/bench_$part.jsonl"
+  stop_stale
   if port_taken; then
     echo "run_e2e.sh: port $PORT is already in use (a server left by an earlier call?);" \
       "not starting $part, whose checks would reach that server instead" >&2
@@ -193,6 +224,17 @@ run_part() {
   check "$part" "32 concurrent requests 200" concurrent --url "$URL" --n 32
   check "$part" "greedy outputs" greedy --url "$URL" --save "$OUT/greedy_$part.json"
   check "$part" "greedy outputs differ by prompt" diversity "$OUT/greedy_$part.json"
+  # bench_serving (arguments: e2e_checks.bench_args), with e2e/bench_shim's
+  # stand-in for the `datasets` it imports and the device lacks.
+  local i bargs
+  mapfile -t bargs < <(checks bench-args --port "$PORT" --tokenizer "$TARGET" \
+    --output-file "$OUT/bench_$part.jsonl")
+  for i in $(seq "$ROUNDS"); do
+    PYTHONPATH="$ROOT/e2e/bench_shim:$PYTHONPATH" "$PY" -m sglang.benchmark.serving \
+      "${bargs[@]}" >>"$OUT/bench_$part.out" 2>&1 || true
+  done
+  check "$part" "bench_serving $ROUNDS rounds" bench --file "$OUT/bench_$part.jsonl" \
+    --rounds "$ROUNDS"
   if [[ $part == dspark ]]; then
     if [[ -n "$GSM8K_DATA" ]]; then
       "$PY" -m sglang_dspark_dp_bench.gsm8k.client --port "$PORT" \
@@ -205,17 +247,6 @@ run_part() {
         "GSM8K 50 q, zero request errors"
     fi
   fi
-  # bench_serving (arguments: e2e_checks.bench_args), with e2e/bench_shim's
-  # stand-in for the `datasets` it imports and the device lacks.
-  local i bargs
-  mapfile -t bargs < <(checks bench-args --port "$PORT" --tokenizer "$TARGET" \
-    --output-file "$OUT/bench_$part.jsonl")
-  for i in $(seq "$ROUNDS"); do
-    PYTHONPATH="$ROOT/e2e/bench_shim:$PYTHONPATH" "$PY" -m sglang.benchmark.serving \
-      "${bargs[@]}" >>"$OUT/bench_$part.out" 2>&1 || true
-  done
-  check "$part" "bench_serving $ROUNDS rounds" bench --file "$OUT/bench_$part.jsonl" \
-    --rounds "$ROUNDS"
   sleep 3  # the last decode log lines
   check "$part" "decode on CUDA graph" decode-graph --log "$log" --dp "$GPUS"
   if [[ $spec == yes ]]; then
@@ -223,6 +254,23 @@ run_part() {
   fi
   stop_server
   pack "$part"
+}
+
+# warmup: a DSpark server (plugin off) until /health, then stopped.
+warmup() {
+  rm -f "$OUT/rows-warmup.json"
+  stop_stale
+  if port_taken; then
+    echo "run_e2e.sh: port $PORT is already in use; no warm-up server started" >&2
+    not_run warmup "port $PORT was already in use by another process" "/health (server ready)"
+    pack warmup
+    return 1
+  fi
+  start_server "$OUT/server_warmup.log" yes SGLANG_PLUGINS=e2e_init
+  check warmup "/health (server ready)" health --url "$URL" \
+    --timeout "$HEALTH_TIMEOUT" --pid "$SERVER_PID"
+  stop_server
+  pack warmup
 }
 
 report() {
@@ -279,5 +327,6 @@ for part in "${PARTS[@]}"; do
     noplugin) run_part noplugin yes SGLANG_PLUGINS=e2e_init ;;
     nospec) run_part nospec no ;;
     report) report ;;
+    warmup) warmup ;;
   esac
 done

@@ -7,9 +7,11 @@
 # Steps (each needs every batch unpacked; if one is missing the machine was
 # lost or a batch skipped: the call says so and exits 3):
 #   smoke              import the server's modules with both sites
-#   e2e:PARTS[:GPUS]   e2e/run_e2e.sh --only each of PARTS (comma list of
-#                      dspark,noplugin,nospec,report), SGLang 0.5.17,
-#                      GPUS (default 1); results under /tmp/e2e, packed to $OUT
+#   e2e:PARTS[:GPUS[:ROUNDS]]
+#                      e2e/run_e2e.sh --only each of PARTS (comma list of
+#                      dspark,noplugin,nospec,report,warmup), SGLang 0.5.17,
+#                      GPUS (default 1), ROUNDS bench_serving rounds per
+#                      server (default 3); results under /tmp/e2e, packed to $OUT
 #   fill:N             N back-to-back bench_fill.py compare runs (0.5.16 and
 #                      0.5.17, stock and plugin) into $OUT/fill-runK.json
 # Everything is logged to $OUT/chain.log as well.
@@ -45,10 +47,10 @@ for step in "$@"; do
       nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
       ;;
     e2e:*)
-      IFS=: read -r _ parts gpus <<<"$step"
+      IFS=: read -r _ parts gpus rounds <<<"$step"
       only=()
       for p in ${parts//,/ }; do only+=(--only "$p"); done
-      bash e2e/run_e2e.sh --gpus "${gpus:-1}" --release 17 "${only[@]}" \
+      bash e2e/run_e2e.sh --gpus "${gpus:-1}" --rounds "${rounds:-3}" --release 17 "${only[@]}" \
         --out /tmp/e2e --pack-to "$OUTDIR" || status=1
       ;;
     fill:*)
