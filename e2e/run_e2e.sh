@@ -15,9 +15,10 @@
 #   report    cross-server rows (greedy identical, bench ratios) and the
 #             merged e2e_results.{json,md}
 #   warmup    (only when named) a DSpark server, plugin off, started until
-#             /health and stopped: a fresh machine's first server pays the
-#             kernels' first-time JIT (minutes), so the servers whose speed
-#             is compared start warm; one row, its ready seconds
+#             /health, one bench_serving round, stopped: a fresh machine's
+#             first server pays the kernels' first-time JIT (minutes, at
+#             capture and again at serving's new shapes), so the servers
+#             whose speed is compared start warm; one row, its ready seconds
 # Every server part runs the same checks in the same order before its
 # bench_serving rounds (stream, 32 concurrent, greedy), so the servers'
 # histories before the rounds are alike; GSM8K (dspark) runs after them.
@@ -184,6 +185,19 @@ except OSError:
 sys.exit(1)' "$PORT"
 }
 
+# bench_rounds PART N: N sglang.benchmark.serving rounds (arguments:
+# e2e_checks.bench_args) into OUT/bench_PART.jsonl, with e2e/bench_shim's
+# stand-in for the `datasets` it imports and the device lacks.
+bench_rounds() {
+  local part="$1" n="$2" i bargs
+  mapfile -t bargs < <(checks bench-args --port "$PORT" --tokenizer "$TARGET" \
+    --output-file "$OUT/bench_$part.jsonl")
+  for i in $(seq "$n"); do
+    PYTHONPATH="$ROOT/e2e/bench_shim:$PYTHONPATH" "$PY" -m sglang.benchmark.serving \
+      "${bargs[@]}" >>"$OUT/bench_$part.out" 2>&1 || true
+  done
+}
+
 # run_part PART SPEC ENV...: one server and its checks.
 run_part() {
   local part="$1" spec="$2"; shift 2
@@ -224,15 +238,7 @@ run_part() {
   check "$part" "32 concurrent requests 200" concurrent --url "$URL" --n 32
   check "$part" "greedy outputs" greedy --url "$URL" --save "$OUT/greedy_$part.json"
   check "$part" "greedy outputs differ by prompt" diversity "$OUT/greedy_$part.json"
-  # bench_serving (arguments: e2e_checks.bench_args), with e2e/bench_shim's
-  # stand-in for the `datasets` it imports and the device lacks.
-  local i bargs
-  mapfile -t bargs < <(checks bench-args --port "$PORT" --tokenizer "$TARGET" \
-    --output-file "$OUT/bench_$part.jsonl")
-  for i in $(seq "$ROUNDS"); do
-    PYTHONPATH="$ROOT/e2e/bench_shim:$PYTHONPATH" "$PY" -m sglang.benchmark.serving \
-      "${bargs[@]}" >>"$OUT/bench_$part.out" 2>&1 || true
-  done
+  bench_rounds "$part" "$ROUNDS"
   check "$part" "bench_serving $ROUNDS rounds" bench --file "$OUT/bench_$part.jsonl" \
     --rounds "$ROUNDS"
   if [[ $part == dspark ]]; then
@@ -267,8 +273,11 @@ warmup() {
     return 1
   fi
   start_server "$OUT/server_warmup.log" yes SGLANG_PLUGINS=e2e_init
-  check warmup "/health (server ready)" health --url "$URL" \
-    --timeout "$HEALTH_TIMEOUT" --pid "$SERVER_PID"
+  if check_rc warmup "/health (server ready)" health --url "$URL" \
+      --timeout "$HEALTH_TIMEOUT" --pid "$SERVER_PID"; then
+    # Serving pays JIT too (new batch shapes): one round of the same load.
+    bench_rounds warmup 1
+  fi
   stop_server
   pack warmup
 }
