@@ -106,6 +106,25 @@ def test_stock_findings_are_shrunk(stock_search):
             assert "overlap schedule off" in causes
 
 
+def test_a_search_looks_past_what_is_known(stock_search, row, sglang_version):
+    """Told the stock search's first finding, a search with nothing masked
+    (the finding's consequence still reachable) returns another known defect
+    of the build or none, never the one it was told."""
+    _, report = stock_search
+    if not report["findings"]:
+        pytest.skip(f"sglang {sglang_version}: no stock finding to be told")
+    first = report["findings"][0]
+    told = frozenset({(first["site"], first["change"])})
+    layout = diverge.Schedule.parse(first["replay"]).layout
+    again = diverge.search(
+        layout, 4, fix=False, examples=STOCK_EXAMPLES, hang_s=HANG_S, known=told
+    )
+    if again.finding is not None:
+        got = (again.finding.site, again.finding.change)
+        assert got not in told, again.finding.as_dict()
+        assert got in expected_findings(row, sglang_version) - told, got
+
+
 def test_with_the_plugin_no_rank_count_diverges(plugin, sglang_version):
     if backport_fixes():
         pytest.skip("backport mode: the plugin is off")
