@@ -331,9 +331,10 @@ if ! "$PY" -c 'import sglang.cli.main, sglang_dspark_dp_bench.gsm8k.client' 2>"$
   exit 2
 fi
 # The plugin's own view of this SGLang, beside the rows (--no-doctor: not
-# wanted, as in the CPU tests of this script's guards).
+# wanted, as in the CPU tests of this script's guards). Its log lines go to
+# doctor.log: doctor.json stays one JSON document.
 if ((DOCTOR)); then
-  "$PY" -m sglang_dspark_dp.cli doctor --json >"$OUT/doctor.json" 2>&1 || true
+  "$PY" -m sglang_dspark_dp.cli doctor --json >"$OUT/doctor.json" 2>"$OUT/doctor.log" || true
 fi
 
 for part in "${PARTS[@]}"; do

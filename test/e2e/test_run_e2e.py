@@ -21,8 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "e2e" / "run_e2e.sh"
 
 
-def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    cmd = ["bash", str(SCRIPT), "--gpus", "1", "--python", sys.executable]
+def _run(
+    *args: str, timeout: float = 240, python: str = sys.executable
+) -> subprocess.CompletedProcess:
+    cmd = ["bash", str(SCRIPT), "--gpus", "1", "--python", python]
     cmd += ["--sglang-site", os.pathsep.join(sys.path[1:]), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
@@ -42,10 +44,30 @@ def test_bad_input_is_one_line_naming_the_field(tmp_path, args, field, value):
     assert len(lines) == 1 and field in lines[0] and f"'{value}'" in lines[0]
 
 
+def _python_with_a_doctor_that_logs(tmp_path: Path) -> str:
+    """This interpreter, except for doctor, whose two streams it stands in
+    for (the real doctor takes a minute of SGLang import here): a plugin log
+    line on stderr while the JSON goes to stdout, as the real one does."""
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [[ "$1 $2 $3" == "-m sglang_dspark_dp.cli doctor" ]]; then\n'
+        "  echo '[t] sglang-dspark-dp: draft-batch: enabled' >&2\n"
+        '  echo \'{"repairs": ["draft-batch"]}\'\n'
+        "  exit 0\n"
+        "fi\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    fake.chmod(0o755)
+    return str(fake)
+
+
 def test_a_server_left_by_a_cut_call_is_stopped_before_the_port_check(tmp_path):
     """A cut call's server (its process group recorded in OUT) is stopped by
     the next part, and a port still taken by anything else is refused, with
-    the part's rows saying why instead of checks run against a stranger."""
+    the part's rows saying why instead of checks run against a stranger.
+    Before the parts, doctor's JSON and its log lines land in two files
+    (on 2026-12-05 and 12-07 doctor.json began with the log lines)."""
     out = tmp_path / "e2e"
     out.mkdir()
     stale = subprocess.Popen(["sleep", "300"], start_new_session=True)
@@ -56,7 +78,13 @@ def test_a_server_left_by_a_cut_call_is_stopped_before_the_port_check(tmp_path):
     port = stranger.getsockname()[1]
     try:
         done = _run(
-            "--out", str(out), "--only", "warmup", "--port", str(port), "--no-doctor"
+            "--out",
+            str(out),
+            "--only",
+            "warmup",
+            "--port",
+            str(port),
+            python=_python_with_a_doctor_that_logs(tmp_path),
         )
         deadline = time.monotonic() + 10
         while stale.poll() is None and time.monotonic() < deadline:
@@ -71,6 +99,9 @@ def test_a_server_left_by_a_cut_call_is_stopped_before_the_port_check(tmp_path):
         ]
         assert f"port {port} was already in use" in rows[0]["evidence"]
         assert not (out / "server_warmup.log").exists()
+        doctor = json.loads((out / "doctor.json").read_text())
+        assert doctor == {"repairs": ["draft-batch"]}
+        assert "draft-batch: enabled" in (out / "doctor.log").read_text()
     finally:
         stranger.close()
         if stale.poll() is None:
