@@ -55,10 +55,13 @@ RELEASES = {
 }
 FULL = [v for v, (kind, _, _) in RELEASES.items() if kind == "tests"]
 SMOKE = [v for v, (kind, _, _) in RELEASES.items() if kind == "smoke"]
-#: The one release whose full session also runs the benchmarks' tests (they
-#: check the scripts, which drive the installed SGLang the same way on every
-#: release; each starts fresh interpreters, minutes on two cores).
+#: The one release whose full session also runs the tests of the scripts
+#: made for the GPU machine: the benchmarks' and e2e/'s (``run_e2e.sh`` and
+#: its init hook, which the device chain runs on 0.5.17). They drive the
+#: installed SGLang the same way on every release, and each starts fresh
+#: interpreters: minutes on two cores.
 BENCH_RELEASE = "0.5.17"
+SCRIPT_TESTS = ("test/benchmark", "test/e2e")
 #: The smoke set: what every release gets.
 SMOKE_TESTS = (
     "test/srt/test_release_behaviour.py",
@@ -192,7 +195,7 @@ def pytest(
 @nox.parametrize("sglang", FULL)
 def tests(session: nox.Session, sglang: str) -> None:
     install(session, sglang)
-    skip = [] if sglang == BENCH_RELEASE else ["--ignore=test/benchmark"]
+    skip = [] if sglang == BENCH_RELEASE else [f"--ignore={t}" for t in SCRIPT_TESTS]
     pytest(session, "test", *skip, floor=RELEASES[sglang][1])
 
 
