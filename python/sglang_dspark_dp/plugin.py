@@ -1,11 +1,16 @@
 """Entry point of the ``sglang.srt.plugins`` group.
 
-``sglang serve`` (and every scheduler process) calls
+``sglang serve`` (its HTTP process and every scheduler process) calls
 ``sglang.srt.plugins.load_plugins()``, which calls :func:`register` and then
-``HookRegistry.apply_hooks()``. :func:`register` walks the registry of
-repairs and logs one line per repair (enabled, not needed, or not
-applicable and why). It never raises: a repair that cannot apply changes
-nothing, and SGLang starts exactly as it would without the plugin.
+``HookRegistry.apply_hooks()``. :func:`register` arms the repairs, logs one
+line saying so and returns: it imports nothing of SGLang's and runs no
+probe. Each repair probes, registers its hook and applies it when the
+SGLang module that arms it is first imported in the process (as
+OpenTelemetry's instrumentations defer their patching to a post-import
+hook), and then logs its one line (enabled, not needed, or not applicable
+and why). So the HTTP process, which never imports DSpark, pays nothing
+more. Nothing here raises: a repair that cannot apply changes nothing, and
+SGLang starts exactly as it would without the plugin.
 ``SGLANG_PLUGINS=dspark_dp`` (or any list without it) whitelists plugins as
 SGLang documents; ``SGLANG_DSPARK_DP_DISABLE=1`` keeps the plugin installed
 but patches nothing (one line says so), e.g. to judge an SGLang build that
@@ -48,9 +53,18 @@ def _ensure_visible() -> None:
         logger.propagate = False
 
 
+def report(statuses: list) -> None:
+    """One line per repair status."""
+    for st in statuses:
+        if st.healthy:
+            logger.info("%s", st.line())
+        else:
+            logger.warning("%s; nothing patched", st.line())
+
+
 def register() -> None:
-    """Register every repair the installed SGLang needs (hooks are applied
-    by ``load_plugins()`` right after)."""
+    """Arm every repair: each is probed, hooked and applied when the SGLang
+    module that arms it is first imported in this process."""
     _ensure_visible()
     if disabled():
         logger.warning("sglang-dspark-dp: disabled by %s; nothing patched", DISABLE_ENV)
@@ -63,13 +77,16 @@ def register() -> None:
         return
     try:
         from sglang_dspark_dp import registry
+        from sglang_dspark_dp.package import installed_sglang_version
 
-        statuses = registry.instrument(apply=False)
+        logger.info(
+            "sglang-dspark-dp: %d repairs armed on sglang %s: each probes and "
+            "applies when DSpark's module it patches is first imported in this "
+            "process (%s)",
+            len(registry.names()),
+            installed_sglang_version(),
+            ", ".join(registry.names()),
+        )
+        registry.arm(report)
     except Exception as exc:  # never crash a server over the plugin
         logger.warning("sglang-dspark-dp: not applied: %s: %s", type(exc).__name__, exc)
-        return
-    for st in statuses:
-        if st.healthy:
-            logger.info("%s", st.line())
-        else:
-            logger.warning("%s; nothing patched", st.line())

@@ -6,9 +6,12 @@ integrations, :meth:`Repair.setup_once` probes the installed SGLang and
 either returns the hook to register, returns None (nothing to repair), or
 raises :class:`DidNotEnable`; like OpenTelemetry's instrumentors,
 ``instrument``/``uninstrument`` are symmetric and idempotent. The module
-functions walk every repair; ``register()`` (the plugin's entry point) and
-the CLI use them, and every caller prints from the returned
-:class:`Status`.
+functions walk every repair; the CLI and the harnesses instrument at once
+(they import what they judge), and every caller prints from the returned
+:class:`Status`. ``register()`` (the plugin's entry point) only
+arms them (:func:`arm`): each repair is instrumented when the SGLang module that
+arms it is first imported (:mod:`sglang_dspark_dp.imports`), so a process
+that never imports DSpark runs no probe and imports nothing of SGLang's.
 """
 
 from __future__ import annotations
@@ -16,9 +19,17 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
+from sglang_dspark_dp import imports
+from sglang_dspark_dp.adapter.modules import (
+    DRAFT_MODULE,
+    PLANNER_MODULE,
+    SYNC_MODULE,
+    WORKER_MODULE,
+)
 from sglang_dspark_dp.isolation import probing
 from sglang_dspark_dp.outcome import DidNotEnable, Outcome, Status
 
@@ -42,6 +53,23 @@ REPAIRS: tuple[tuple[str, str], ...] = (
     ),
     ("relay-wait", "sglang_dspark_dp.srt.managers.overlap_utils"),
 )
+
+#: The SGLang module whose first import in a process arms each repair: the
+#: module it patches, except relay-wait's, whose ConfidenceRelay lives in
+#: the scheduler's overlap module, which every process that runs the HTTP
+#: server imports too; it is armed by its one user, DSpark's planner.
+ARMED_BY: dict[str, str] = {
+    "draft-batch": DRAFT_MODULE,
+    "startup-capture": WORKER_MODULE,
+    "capture-group-memory": SYNC_MODULE,
+    "non-overlap-entry": WORKER_MODULE,
+    "verify-budget": PLANNER_MODULE,
+    "relay-wait": PLANNER_MODULE,
+}
+#: Where DSpark runs: once its worker's module is imported, every repair
+#: not tried yet is tried, so one whose module this build lacks (SpecTpSync
+#: before 0.5.19) still says so in its line.
+DSPARK_RUNS = WORKER_MODULE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,3 +306,57 @@ def status() -> list[Status]:
     if missing is not None:
         return _unavailable(missing)
     return [r.status() if isinstance(r, Repair) else r for r in _each()]
+
+
+class _Arming:
+    """One :func:`arm`: the repairs it has tried and where it reports."""
+
+    def __init__(self, report: Callable[[list[Status]], None]) -> None:
+        self.report = report
+        self.tried: set[str] = set()
+        self.lock = threading.Lock()
+
+    def settle(self, _module: Any = None) -> None:
+        """Instrument, in the registry's order, every repair not tried yet
+        whose arming module (or DSpark's worker) is imported now."""
+        import sys
+
+        runs = DSPARK_RUNS in sys.modules
+        with self.lock:
+            due = [
+                name
+                for name in names()
+                if name not in self.tried and (runs or ARMED_BY[name] in sys.modules)
+            ]
+            self.tried.update(due)
+        if not due:
+            return
+        out = []
+        for name in due:
+            try:
+                out.append(repair(name).instrument(apply=False))
+            except Exception as exc:  # the repair's module cannot load
+                out.append(
+                    Status(
+                        name,
+                        Outcome.NOT_APPLICABLE,
+                        f"could not be loaded: {type(exc).__name__}: {exc}",
+                    )
+                )
+        if any(s.enabled for s in out):
+            from sglang_dspark_dp import adapter
+
+            adapter.apply_hooks()
+        self.report(out)
+
+
+def arm(report: Callable[[list[Status]], None]) -> dict[str, str]:
+    """Arm every repair: each is instrumented (probe, hook registered and
+    applied) when its arming module (:data:`ARMED_BY`) is first imported in
+    this process, after the import that brings it in settles, and its
+    status goes to ``report``; a module imported already arms it now.
+    Returns each repair's arming module. Imports nothing of SGLang's."""
+    arming = _Arming(report)
+    for module in dict.fromkeys([*ARMED_BY.values(), DSPARK_RUNS]):
+        imports.when_imported(module, arming.settle)
+    return dict(ARMED_BY)

@@ -39,8 +39,7 @@ def plugin(api):
     In backport mode (``SGLANG_DSPARK_DP_BACKPORT``, see ``known_releases``)
     the plugin stays off: the repair only probes (its ``probe_result`` and
     ``plan`` say what the build needs) and the suite judges SGLang alone."""
-    from sglang.srt.plugins import load_plugins
-
+    from sglang_dspark_dp import adapter
     from sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft import (
         REPAIR,
     )
@@ -49,7 +48,8 @@ def plugin(api):
         REPAIR.setup_once()  # probe only: nothing registered, nothing patched
         return REPAIR
     os.environ.pop("SGLANG_PLUGINS", None)
-    load_plugins()
+    # load_plugins(), then DSpark's worker imported, as a scheduler does.
+    adapter.load_plugins()
     return REPAIR
 
 

@@ -17,124 +17,147 @@ the module named after that subsystem is the one to read:
   signature, swapping attributes).
 
 SGLang is imported at call time, so importing the adapter never imports
-SGLang. The names most callers use are re-exported here.
+SGLang. The names most callers use are re-exported here, each loaded on
+first use (PEP 562), so a process that only arms the repairs loads only the
+adapter modules that name what arms them.
 """
 
 from __future__ import annotations
 
-from sglang_dspark_dp.adapter.base import AttrSwap, dspark_class, signature_of
-from sglang_dspark_dp.adapter.cuda_graph import capture_sizes, graph_runner
-from sglang_dspark_dp.adapter.draft import (
-    DRAFT_MODULE,
-    FILL,
-    PROPOSER,
-    TARGET,
-    SGLangAPI,
-    dp_moe_sync,
-    draft_spec_info,
-    draft_width,
-    load_sglang_api,
-    run_busy_forward,
-    run_idle_forward,
-    stock_fill,
-)
-from sglang_dspark_dp.adapter.hooks import (
-    apply_hooks,
-    forget_loaded_plugins,
-    hook_registry,
-    hooks_on,
-    is_patched,
-    load_plugins,
-    register_around,
-    remove_hook,
-)
-from sglang_dspark_dp.adapter.parallel import (
-    GroupShape,
-    accepted_parallel_fields,
-    dp_rank_and_size,
-    group_coordinator,
-    parallel_override,
-    topology_values,
-)
-from sglang_dspark_dp.adapter.scheduler import (
-    SYNC_WRITER,
-    SyncPathFailed,
-    load_sync_writer,
-    write_sync_sizes,
-)
-from sglang_dspark_dp.adapter.worker import (
-    CAPTURE_CUTOFF_GIB,
-    CAPTURE_GROUP_SOURCES,
-    INIT_GRAPHS,
-    MEMORY_HELPER,
-    MEMORY_HELPER_HOMES,
-    STARTUP_TARGET,
-    WORKER,
-    WORKER_MODULE,
-    capture_group,
-    hosts_draft,
-    injected_free_memory,
-    load_worker,
-    memory_helper_sites,
-    pretend_cuda,
-    reads_through_spec_tp_sync,
-    reduced_module_reading,
-    stock_init_graphs,
-    tp_sync_of,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "AttrSwap",
-    "CAPTURE_CUTOFF_GIB",
-    "CAPTURE_GROUP_SOURCES",
-    "DRAFT_MODULE",
-    "FILL",
-    "GroupShape",
-    "INIT_GRAPHS",
-    "MEMORY_HELPER",
-    "MEMORY_HELPER_HOMES",
-    "PROPOSER",
-    "STARTUP_TARGET",
-    "SGLangAPI",
-    "SYNC_WRITER",
-    "SyncPathFailed",
-    "TARGET",
-    "WORKER",
-    "WORKER_MODULE",
-    "accepted_parallel_fields",
-    "apply_hooks",
-    "capture_group",
-    "capture_sizes",
-    "dp_moe_sync",
-    "dp_rank_and_size",
-    "draft_spec_info",
-    "draft_width",
-    "dspark_class",
-    "forget_loaded_plugins",
-    "graph_runner",
-    "group_coordinator",
-    "hook_registry",
-    "hooks_on",
-    "hosts_draft",
-    "injected_free_memory",
-    "is_patched",
-    "load_plugins",
-    "load_sglang_api",
-    "load_sync_writer",
-    "load_worker",
-    "memory_helper_sites",
-    "parallel_override",
-    "pretend_cuda",
-    "reads_through_spec_tp_sync",
-    "reduced_module_reading",
-    "register_around",
-    "remove_hook",
-    "run_busy_forward",
-    "run_idle_forward",
-    "signature_of",
-    "stock_fill",
-    "stock_init_graphs",
-    "topology_values",
-    "tp_sync_of",
-    "write_sync_sizes",
-]
+#: Each re-exported name and the adapter module that defines it.
+_HOMES: dict[str, str] = {
+    "AttrSwap": "base",
+    "dspark_class": "base",
+    "signature_of": "base",
+    "capture_sizes": "cuda_graph",
+    "graph_runner": "cuda_graph",
+    "DRAFT_MODULE": "draft",
+    "FILL": "draft",
+    "PROPOSER": "draft",
+    "SGLangAPI": "draft",
+    "TARGET": "draft",
+    "dp_moe_sync": "draft",
+    "draft_spec_info": "draft",
+    "draft_width": "draft",
+    "load_sglang_api": "draft",
+    "run_busy_forward": "draft",
+    "run_idle_forward": "draft",
+    "stock_fill": "draft",
+    "apply_hooks": "hooks",
+    "forget_loaded_plugins": "hooks",
+    "hook_registry": "hooks",
+    "hooks_on": "hooks",
+    "is_patched": "hooks",
+    "load_plugins": "hooks",
+    "register_around": "hooks",
+    "remove_hook": "hooks",
+    "GroupShape": "parallel",
+    "accepted_parallel_fields": "parallel",
+    "dp_rank_and_size": "parallel",
+    "group_coordinator": "parallel",
+    "parallel_override": "parallel",
+    "topology_values": "parallel",
+    "SYNC_WRITER": "scheduler",
+    "SyncPathFailed": "scheduler",
+    "load_sync_writer": "scheduler",
+    "write_sync_sizes": "scheduler",
+    "CAPTURE_CUTOFF_GIB": "worker",
+    "CAPTURE_GROUP_SOURCES": "worker",
+    "INIT_GRAPHS": "worker",
+    "MEMORY_HELPER": "worker",
+    "MEMORY_HELPER_HOMES": "worker",
+    "STARTUP_TARGET": "worker",
+    "WORKER": "worker",
+    "WORKER_MODULE": "worker",
+    "capture_group": "worker",
+    "hosts_draft": "worker",
+    "injected_free_memory": "worker",
+    "load_worker": "worker",
+    "memory_helper_sites": "worker",
+    "pretend_cuda": "worker",
+    "reads_through_spec_tp_sync": "worker",
+    "reduced_module_reading": "worker",
+    "stock_init_graphs": "worker",
+    "tp_sync_of": "worker",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
+
+
+if TYPE_CHECKING:  # the names, for readers and type checkers
+    from sglang_dspark_dp.adapter.base import AttrSwap, dspark_class, signature_of
+    from sglang_dspark_dp.adapter.cuda_graph import capture_sizes, graph_runner
+    from sglang_dspark_dp.adapter.draft import (
+        DRAFT_MODULE,
+        FILL,
+        PROPOSER,
+        TARGET,
+        SGLangAPI,
+        dp_moe_sync,
+        draft_spec_info,
+        draft_width,
+        load_sglang_api,
+        run_busy_forward,
+        run_idle_forward,
+        stock_fill,
+    )
+    from sglang_dspark_dp.adapter.hooks import (
+        apply_hooks,
+        forget_loaded_plugins,
+        hook_registry,
+        hooks_on,
+        is_patched,
+        load_plugins,
+        register_around,
+        remove_hook,
+    )
+    from sglang_dspark_dp.adapter.parallel import (
+        GroupShape,
+        accepted_parallel_fields,
+        dp_rank_and_size,
+        group_coordinator,
+        parallel_override,
+        topology_values,
+    )
+    from sglang_dspark_dp.adapter.scheduler import (
+        SYNC_WRITER,
+        SyncPathFailed,
+        load_sync_writer,
+        write_sync_sizes,
+    )
+    from sglang_dspark_dp.adapter.worker import (
+        CAPTURE_CUTOFF_GIB,
+        CAPTURE_GROUP_SOURCES,
+        INIT_GRAPHS,
+        MEMORY_HELPER,
+        MEMORY_HELPER_HOMES,
+        STARTUP_TARGET,
+        WORKER,
+        WORKER_MODULE,
+        capture_group,
+        hosts_draft,
+        injected_free_memory,
+        load_worker,
+        memory_helper_sites,
+        pretend_cuda,
+        reads_through_spec_tp_sync,
+        reduced_module_reading,
+        stock_init_graphs,
+        tp_sync_of,
+    )

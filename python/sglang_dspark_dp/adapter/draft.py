@@ -10,9 +10,9 @@ import inspect
 from typing import Any
 
 from sglang_dspark_dp.adapter.base import dspark_class
+from sglang_dspark_dp.adapter.modules import DRAFT_MODULE
 from sglang_dspark_dp.outcome import DidNotEnable
 
-DRAFT_MODULE = "sglang.srt.speculative.dspark_components.dspark_draft"
 PROPOSER = "DraftBlockProposer"
 FILL = "_fill_dp_moe_sync_metadata"
 #: The draft-batch repair's hook target (``HookRegistry`` spelling).

@@ -59,12 +59,19 @@ PLUGINS_MODULE = "sglang.srt.plugins"
 LOADED_FLAG = "_plugins_loaded"
 
 
-def load_plugins() -> None:
+def load_plugins(*, dspark: bool = True) -> None:
     """SGLang's own ``load_plugins()`` (every installed plugin, then the
-    hooks applied), as a server process calls it."""
+    hooks applied), as a server process calls it; with ``dspark``, then
+    DSpark's worker module imported, as the scheduler imports it when it
+    builds its speculative worker (where the plugin's repairs are armed to
+    apply). ``dspark=False``: a process that never runs DSpark."""
     import importlib
 
+    from sglang_dspark_dp.adapter.modules import WORKER_MODULE
+
     importlib.import_module(PLUGINS_MODULE).load_plugins()
+    if dspark:
+        importlib.import_module(WORKER_MODULE)
 
 
 def forget_loaded_plugins() -> None:

@@ -29,9 +29,9 @@ import inspect
 from typing import Any
 
 from sglang_dspark_dp.adapter.base import AttrSwap, dspark_class
+from sglang_dspark_dp.adapter.modules import PLANNER_MODULE
 from sglang_dspark_dp.outcome import DidNotEnable
 
-PLANNER_MODULE = "sglang.srt.speculative.dspark_components.dspark_planner"
 PLANNER = "DSparkVerifyPlanner"
 BUDGET = "_budget_from_resolved"
 #: The verify-budget repair's hook target (``HookRegistry`` spelling).

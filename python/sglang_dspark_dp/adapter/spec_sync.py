@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from sglang_dspark_dp.adapter.base import dspark_class
+from sglang_dspark_dp.adapter.modules import SYNC_MODULE
 from sglang_dspark_dp.outcome import DidNotEnable
 
-SYNC_MODULE = "sglang.srt.speculative.spec_tp_sync"
 SYNC = "SpecTpSync"
 SITES = "SpecTpSyncSite"
 READING = "available_memory_gb"

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang_dspark_dp.adapter.base import AttrSwap, dspark_class, signature_of
+from sglang_dspark_dp.adapter.modules import WORKER_MODULE
 from sglang_dspark_dp.outcome import DidNotEnable
 
-WORKER_MODULE = "sglang.srt.speculative.dspark_components.dspark_worker_v2"
 WORKER = "DSparkWorkerV2"
 INIT_GRAPHS = "init_cuda_graphs"
 #: The startup-capture repair's hook target (``HookRegistry`` spelling).

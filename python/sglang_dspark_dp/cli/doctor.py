@@ -71,9 +71,9 @@ def doctor_report() -> dict[str, Any]:
         report["reason"] = str(exc)
         return report
     try:
-        from sglang.srt.plugins import load_plugins
-
-        load_plugins()
+        # As a DSpark server's scheduler process: the plugins loaded, then
+        # DSpark's worker imported, which applies the armed repairs.
+        adapter.load_plugins()
     except Exception as exc:  # report, never crash
         report["reason"] = f"load_plugins() failed: {exc}"
     statuses = registry.status()
