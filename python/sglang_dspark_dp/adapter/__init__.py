@@ -25,7 +25,7 @@ adapter modules that name what arms them.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 #: Each re-exported name and the adapter module that defines it.
 _HOMES: dict[str, str] = {
@@ -98,66 +98,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_HOMES])
-
-
-if TYPE_CHECKING:  # the names, for readers and type checkers
-    from sglang_dspark_dp.adapter.base import AttrSwap, dspark_class, signature_of
-    from sglang_dspark_dp.adapter.cuda_graph import capture_sizes, graph_runner
-    from sglang_dspark_dp.adapter.draft import (
-        DRAFT_MODULE,
-        FILL,
-        PROPOSER,
-        TARGET,
-        SGLangAPI,
-        dp_moe_sync,
-        draft_spec_info,
-        draft_width,
-        load_sglang_api,
-        run_busy_forward,
-        run_idle_forward,
-        stock_fill,
-    )
-    from sglang_dspark_dp.adapter.hooks import (
-        apply_hooks,
-        forget_loaded_plugins,
-        hook_registry,
-        hooks_on,
-        is_patched,
-        load_plugins,
-        register_around,
-        remove_hook,
-    )
-    from sglang_dspark_dp.adapter.parallel import (
-        GroupShape,
-        accepted_parallel_fields,
-        dp_rank_and_size,
-        group_coordinator,
-        parallel_override,
-        topology_values,
-    )
-    from sglang_dspark_dp.adapter.scheduler import (
-        SYNC_WRITER,
-        SyncPathFailed,
-        load_sync_writer,
-        write_sync_sizes,
-    )
-    from sglang_dspark_dp.adapter.worker import (
-        CAPTURE_CUTOFF_GIB,
-        CAPTURE_GROUP_SOURCES,
-        INIT_GRAPHS,
-        MEMORY_HELPER,
-        MEMORY_HELPER_HOMES,
-        STARTUP_TARGET,
-        WORKER,
-        WORKER_MODULE,
-        capture_group,
-        hosts_draft,
-        injected_free_memory,
-        load_worker,
-        memory_helper_sites,
-        pretend_cuda,
-        reads_through_spec_tp_sync,
-        reduced_module_reading,
-        stock_init_graphs,
-        tp_sync_of,
-    )
