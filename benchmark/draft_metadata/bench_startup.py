@@ -33,6 +33,22 @@ Usage::
 Each positional argument is ``LABEL=PYTHON`` or a bare ``PYTHON`` (the
 label is then its SGLang version); none: this Python. The table's last
 line evaluates the target: at most 200 ms added per scheduler process.
+
+``load_plugins()`` only arms the repairs; each probes and applies when
+DSpark's module it patches is first imported. With ``--preload patched``
+those modules are imported already, so the probes run inside ``register``
+as before. ``--preload none`` imports nothing first and adds a phase,
+``dspark``: importing DSpark's worker module, as the scheduler does when it
+builds its speculative worker (SGLang's own import plus the probes it
+arms); each run then also runs a child without the plugin, and the table
+gives both and the difference.
+
+``--process main`` measures the HTTP process instead: a child imports
+``sglang.srt.server_args`` (as ``sglang serve`` has when it calls
+``load_plugins()``), then times SGLang's ``load_plugins()`` with the plugin
+(``SGLANG_PLUGINS=dspark_dp``) and without (a whitelist naming no
+installed plugin), alternating, with the modules each adds. Target: at most
+20 ms and no SGLang module added.
 """
 
 from __future__ import annotations
@@ -56,7 +72,15 @@ except ImportError:  # run as a script beside bench_common.py (the GPU machine)
     import bench_common as common
 
 TARGET_MS = 200.0
+#: The HTTP process's target: ``load_plugins()`` with the plugin against
+#: without, and no SGLang module added.
+MAIN_TARGET_MS = 20.0
 PHASES = ("import", "register", "apply_hooks")
+#: ``--preload none``'s extra phase: DSpark's worker module imported.
+DSPARK_PHASE = "dspark"
+DSPARK_WORKER = "sglang.srt.speculative.dspark_components.dspark_worker_v2"
+#: ``SGLANG_PLUGINS`` for a child with the plugin and for one without.
+WHITELIST = {True: "dspark_dp", False: "no_such_plugin"}
 
 #: What the repairs patch and the probes read, imported before the clock.
 PATCHED = (
@@ -85,6 +109,7 @@ PATCHED = (
 PRELOADS = {
     "patched": PATCHED,
     "scheduler": ("sglang.srt.managers.scheduler", *PATCHED),
+    "none": (),
 }
 
 
@@ -93,8 +118,49 @@ PRELOADS = {
 # --------------------------------------------------------------------------
 
 
-def child(preload: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"preload": preload}
+def _new_modules(before: set[str]) -> dict[str, Any]:
+    new = sorted(set(sys.modules) - before)
+    sglang_new = [m for m in new if m == "sglang" or m.startswith("sglang.")]
+    ours = [m for m in new if m.startswith("sglang_dspark_dp")]
+    others = sorted({m.split(".")[0] for m in new} - {"sglang", "sglang_dspark_dp"})
+    return {
+        "total": len(new),
+        "sglang": sglang_new,
+        "sglang_dspark_dp": len(ours),
+        "other_top_level": others,
+    }
+
+
+def child_main(plugin: bool) -> dict[str, Any]:
+    """The HTTP process: ``load_plugins()`` after ``server_args``, with the
+    plugin whitelisted or not (``SGLANG_PLUGINS`` is set by the parent)."""
+    importlib.import_module("sglang.srt.server_args")
+    loader = importlib.import_module("sglang.srt.plugins")
+    before = set(sys.modules)
+    w0, c0 = time.perf_counter(), time.process_time()
+    loader.load_plugins()
+    w1, c1 = time.perf_counter(), time.process_time()
+    return {
+        "process": "main",
+        "plugin": plugin,
+        "ms": {"load_plugins": (w1 - w0) * 1e3},
+        "cpu_ms": {"load_plugins": (c1 - c0) * 1e3},
+        "new_modules": _new_modules(before),
+        "sglang": _sglang_version(),
+    }
+
+
+def _sglang_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def child(preload: str, plugin: bool = True) -> dict[str, Any]:
+    out: dict[str, Any] = {"preload": preload, "plugin": plugin}
     t0 = time.perf_counter()
     loaded, missing = [], []
     for name in PRELOADS[preload]:
@@ -109,35 +175,34 @@ def child(preload: str) -> dict[str, Any]:
 
     wall, cpu = time.perf_counter, time.process_time
     marks = [(wall(), cpu())]
-    plugin = importlib.import_module("sglang_dspark_dp.plugin")
-    marks.append((wall(), cpu()))
-    plugin.register()
-    marks.append((wall(), cpu()))
-    from sglang_dspark_dp import adapter
+    names = list(PHASES)
+    if plugin:
+        loaded = importlib.import_module("sglang_dspark_dp.plugin")
+        marks.append((wall(), cpu()))
+        loaded.register()
+        marks.append((wall(), cpu()))
+        from sglang_dspark_dp import adapter
 
-    adapter.apply_hooks()
+        adapter.apply_hooks()
+    else:
+        marks += [marks[0], marks[0]]
     marks.append((wall(), cpu()))
+    if preload == "none":
+        importlib.import_module(DSPARK_WORKER)
+        marks.append((wall(), cpu()))
+        names.append(DSPARK_PHASE)
     for key, k in (("ms", 0), ("cpu_ms", 1)):
         phases = {
-            name: (marks[i + 1][k] - marks[i][k]) * 1e3 for i, name in enumerate(PHASES)
+            name: (marks[i + 1][k] - marks[i][k]) * 1e3 for i, name in enumerate(names)
         }
         phases["total"] = (marks[-1][k] - marks[0][k]) * 1e3
         out[key] = phases
-    new = sorted(set(sys.modules) - before)
-    sglang_new = [m for m in new if m == "sglang" or m.startswith("sglang.")]
-    ours = [m for m in new if m.startswith("sglang_dspark_dp")]
-    others = sorted({m.split(".")[0] for m in new} - {"sglang", "sglang_dspark_dp"})
-    out["new_modules"] = {
-        "total": len(new),
-        "sglang": sglang_new,
-        "sglang_dspark_dp": len(ours),
-        "other_top_level": others,
-    }
-    from sglang_dspark_dp import registry
-    from sglang_dspark_dp.package import installed_sglang_version
+    out["new_modules"] = _new_modules(before)
+    if plugin:
+        from sglang_dspark_dp import registry
 
-    out["repairs"] = {st.repair: st.outcome.value for st in registry.status()}
-    out["sglang"] = installed_sglang_version()
+        out["repairs"] = {st.repair: st.outcome.value for st in registry.status()}
+    out["sglang"] = _sglang_version()
     out["python"] = sys.version.split()[0]
     try:
         import torch
@@ -173,12 +238,26 @@ CHILD_ENV_DROP = (
 )
 
 
-def run_one(python: str, preload: str, timeout: float) -> dict[str, Any]:
+def run_one(
+    python: str,
+    preload: str,
+    timeout: float,
+    *,
+    process: str = "scheduler",
+    plugin: bool = True,
+) -> dict[str, Any]:
+    env = common.child_env(drop=CHILD_ENV_DROP)
+    argv = ["--child", "--preload", preload, "--process", process]
+    if process == "main" or not plugin:
+        # The plugin in or out as SGLang's own whitelist decides.
+        env["SGLANG_PLUGINS"] = WHITELIST[plugin]
+    if not plugin:
+        argv.append("--no-plugin")
     proc = subprocess.run(
-        [python, str(Path(__file__).resolve()), "--child", "--preload", preload],
+        [python, str(Path(__file__).resolve()), *argv],
         capture_output=True,
         text=True,
-        env=common.child_env(drop=CHILD_ENV_DROP),
+        env=env,
         timeout=timeout,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -188,7 +267,9 @@ def run_one(python: str, preload: str, timeout: float) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def summarize(label: str | None, python: str, samples: list[dict[str, Any]]):
+def summarize(
+    label: str | None, python: str, samples: list[dict[str, Any]]
+) -> dict[str, Any]:
     good = [s for s in samples if "error" not in s]
     out: dict[str, Any] = {"python": python, "samples": samples}
     if not good:
@@ -197,33 +278,55 @@ def summarize(label: str | None, python: str, samples: list[dict[str, Any]]):
         return out
     first = good[0]
     out["label"] = label or str(first.get("sglang"))
-    for key in ("sglang", "torch", "repairs", "preload", "preload_missing"):
+    for key in (
+        "sglang",
+        "torch",
+        "repairs",
+        "preload",
+        "preload_missing",
+        "process",
+    ):
         out[key] = first.get(key)
-    out["median_ms"] = {
-        k: statistics.median(s["ms"][k] for s in good) for k in (*PHASES, "total")
-    }
+    out["plugin"] = first.get("plugin", True)
+    phases = list(first["ms"])
+    out["median_ms"] = {k: statistics.median(s["ms"][k] for s in good) for k in phases}
     out["median_cpu_ms"] = {
-        k: statistics.median(s["cpu_ms"][k] for s in good) for k in (*PHASES, "total")
+        k: statistics.median(s["cpu_ms"][k] for s in good) for k in phases
     }
-    totals = [s["ms"]["total"] for s in good]
+    key = "load_plugins" if "load_plugins" in first["ms"] else "total"
+    totals = [s["ms"][key] for s in good]
     out["total_ms_range"] = [min(totals), max(totals)]
     out["runs"] = len(good)
+    out["new_modules_median"] = statistics.median(
+        s["new_modules"]["total"] for s in good
+    )
     out["new_sglang_modules"] = sorted(
         {m for s in good for m in s["new_modules"]["sglang"]}
     )
     out["new_other_top_level"] = sorted(
         {m for s in good for m in s["new_modules"]["other_top_level"]}
     )
-    out["target_met"] = out["median_ms"]["total"] <= TARGET_MS
+    out["target_met"] = out["median_ms"]["total" if key == "total" else key] <= (
+        TARGET_MS if key == "total" else MAIN_TARGET_MS
+    )
     return out
 
 
+def _repairs(r: dict[str, Any]) -> str:
+    if r.get("plugin") is False:
+        return "(no plugin)"
+    return ", ".join(f"{k}: {v}" for k, v in (r.get("repairs") or {}).items())
+
+
 def render_table(releases: list[dict[str, Any]]) -> str:
+    """The scheduler process's table (one row per release and variant)."""
+    dspark = any(DSPARK_PHASE in r.get("median_ms", {}) for r in releases)
     head = [
         "sglang",
         "import ms",
         "probes ms (register)",
         "apply hooks ms",
+        *(["DSpark import ms"] if dspark else []),
         "total ms (median)",
         "total min-max",
         "total CPU ms (median)",
@@ -234,34 +337,52 @@ def render_table(releases: list[dict[str, Any]]) -> str:
     rows = []
     for r in releases:
         if "error" in r:
-            rows.append(
-                [r["label"], "-", "-", "-", "-", "-", "-", "0", "-", r["error"]]
-            )
+            rows.append([r["label"], *["-"] * (len(head) - 4), "0", "-", r["error"]])
             continue
         m = r["median_ms"]
         lo, hi = r["total_ms_range"]
-        repairs = ", ".join(f"{k}: {v}" for k, v in (r.get("repairs") or {}).items())
         rows.append(
             [
                 r["label"],
                 f"{m['import']:.1f}",
                 f"{m['register']:.1f}",
                 f"{m['apply_hooks']:.2f}",
+                *([f"{m.get(DSPARK_PHASE, 0.0):.1f}"] if dspark else []),
                 f"{m['total']:.1f}",
                 f"{lo:.1f}-{hi:.1f}",
                 f"{r['median_cpu_ms']['total']:.1f}",
                 str(r["runs"]),
                 str(len(r["new_sglang_modules"])),
-                repairs,
+                _repairs(r),
             ]
         )
     return "\n".join(common.table_lines(head, rows))
 
 
+def _pairs(releases: list[dict[str, Any]]):
+    """``(with plugin, without)`` summaries of one label, where both ran."""
+    by = {}
+    for r in releases:
+        if "error" not in r:
+            by.setdefault(r["label"], {})[bool(r.get("plugin", True))] = r
+    return [(v[True], v[False]) for v in by.values() if True in v and False in v]
+
+
 def render_target(releases: list[dict[str, Any]]) -> str:
-    judged = [r for r in releases if "error" not in r]
+    judged = [r for r in releases if "error" not in r and r.get("plugin", True)]
     if not judged:
         return f"target (<= {TARGET_MS:g} ms per scheduler process): n/a"
+    pairs = _pairs(releases)
+    if pairs:  # --preload none: the plugin's share is the difference
+        added = [
+            on["median_ms"]["total"] - off["median_ms"]["total"] for on, off in pairs
+        ]
+        worst = max(added)
+        verdict = "met" if worst <= TARGET_MS else "NOT met"
+        return (
+            f"target (<= {TARGET_MS:g} ms added per scheduler process, median with "
+            f"the plugin minus without): {verdict} (largest {worst:.1f} ms)"
+        )
     worst = max(r["median_ms"]["total"] for r in judged)
     verdict = "met" if all(r["target_met"] for r in judged) else "NOT met"
     return (
@@ -270,40 +391,115 @@ def render_target(releases: list[dict[str, Any]]) -> str:
     )
 
 
+def render_main(releases: list[dict[str, Any]]) -> str:
+    """The HTTP process's table and its target line."""
+    head = [
+        "sglang",
+        "plugin",
+        "load_plugins() ms (median)",
+        "min-max",
+        "CPU ms (median)",
+        "modules added (median)",
+        "SGLang modules added",
+        "runs",
+    ]
+    rows = []
+    for r in releases:
+        if "error" in r:
+            rows.append([r["label"], "-", "-", "-", "-", "-", "-", r["error"]])
+            continue
+        lo, hi = r["total_ms_range"]
+        rows.append(
+            [
+                r["label"],
+                "on" if r.get("plugin") else "off",
+                f"{r['median_ms']['load_plugins']:.1f}",
+                f"{lo:.1f}-{hi:.1f}",
+                f"{r['median_cpu_ms']['load_plugins']:.1f}",
+                f"{r['new_modules_median']:g}",
+                str(len(r["new_sglang_modules"])),
+                str(r["runs"]),
+            ]
+        )
+    lines = common.table_lines(head, rows)
+    pairs = _pairs(releases)
+    if not pairs:
+        lines.append(f"target (<= {MAIN_TARGET_MS:g} ms, no SGLang module): n/a")
+        return "\n".join(lines)
+    added = [
+        on["median_ms"]["load_plugins"] - off["median_ms"]["load_plugins"]
+        for on, off in pairs
+    ]
+    sglang_added = max(len(on["new_sglang_modules"]) for on, _ in pairs)
+    met = max(added) <= MAIN_TARGET_MS and sglang_added == 0
+    lines.append(
+        f"target (<= {MAIN_TARGET_MS:g} ms added to the HTTP process's "
+        f"load_plugins(), median with the plugin minus without, and no SGLang "
+        f"module added): {'met' if met else 'NOT met'} (largest "
+        f"{max(added):.1f} ms, {sglang_added} SGLang modules)"
+    )
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Time the plugin's import, probes and hook application in "
-        "fresh interpreters that already imported the SGLang modules it patches."
+        "fresh interpreters: a scheduler process (the SGLang modules it patches "
+        "imported first, or nothing with --preload none) or the HTTP process "
+        "(--process main)."
     )
     p.add_argument("pythons", nargs="*", metavar="[LABEL=]PYTHON")
     p.add_argument("--runs", type=int, default=5, help="interpreters per Python")
     p.add_argument("--preload", choices=sorted(PRELOADS), default="patched")
+    p.add_argument("--process", choices=("scheduler", "main"), default="scheduler")
     p.add_argument("--out", default=None, help="write the JSON here")
     p.add_argument("--child-timeout", type=float, default=600)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-plugin", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.preload), default=str))
+        if args.process == "main":
+            sample = child_main(not args.no_plugin)
+        else:
+            sample = child(args.preload, plugin=not args.no_plugin)
+        print(json.dumps(sample, default=str))
         return 0
+    if args.runs < 1:
+        raise SystemExit(f"--runs must be at least 1 (got {args.runs})")
     try:
         targets = parse_targets(args.pythons) or [(None, sys.executable)]
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    # Both variants, alternating run by run, where the plugin's share is a
+    # difference; the scheduler with the DSpark modules preloaded as before.
+    both = args.process == "main" or args.preload == "none"
+    variants = (True, False) if both else (True,)
     releases = []
     for label, python in targets:
-        samples = []
+        samples: dict[bool, list[dict[str, Any]]] = {v: [] for v in variants}
         load_before = os.getloadavg()[0]
         for k in range(args.runs):
-            samples.append(run_one(python, args.preload, args.child_timeout))
-            s = samples[-1]
-            shown = "error" if "error" in s else f"{s['ms']['total']:.1f} ms"
-            print(f"[{label or python}] run {k + 1}: {shown}", file=sys.stderr)
-        releases.append(summarize(label, python, samples))
-        releases[-1]["load_average_1min"] = [load_before, os.getloadavg()[0]]
+            for plugin in variants:
+                s = run_one(
+                    python,
+                    args.preload,
+                    args.child_timeout,
+                    process=args.process,
+                    plugin=plugin,
+                )
+                samples[plugin].append(s)
+                key = "load_plugins" if args.process == "main" else "total"
+                shown = "error" if "error" in s else f"{s['ms'][key]:.1f} ms"
+                tag = "" if not both else (" plugin" if plugin else " no plugin")
+                print(f"[{label or python}{tag}] run {k + 1}: {shown}", file=sys.stderr)
+        for plugin in variants:
+            releases.append(summarize(label, python, samples[plugin]))
+            releases[-1]["plugin"] = plugin
+            releases[-1]["load_average_1min"] = [load_before, os.getloadavg()[0]]
     combined = {
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": {
@@ -311,15 +507,19 @@ def main(argv: list[str] | None = None) -> int:
             "processor": platform.machine(),
             "cpus": os.cpu_count(),
         },
+        "process": args.process,
         "preload": args.preload,
         "runs": args.runs,
-        "target_ms": TARGET_MS,
+        "target_ms": MAIN_TARGET_MS if args.process == "main" else TARGET_MS,
         "releases": releases,
     }
     if args.out:
         Path(args.out).write_text(json.dumps(combined, indent=1, default=str) + "\n")
-    print(render_table(releases))
-    print(render_target(releases))
+    if args.process == "main":
+        print(render_main(releases))
+    else:
+        print(render_table(releases))
+        print(render_target(releases))
     return 0 if all("error" not in r for r in releases) else 1
 
 
