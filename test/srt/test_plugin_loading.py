@@ -32,8 +32,21 @@ LOAD = textwrap.dedent(
 )
 
 
+#: The one line every process that loads the plugin logs first.
+ARMED = " repairs armed on sglang "
+
+
+def armed_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ARMED in line]
+
+
 def plugin_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if "sglang-dspark-dp:" in line]
+    """The repairs' lines (the armed line aside)."""
+    return [
+        line
+        for line in stderr.splitlines()
+        if "sglang-dspark-dp:" in line and ARMED not in line
+    ]
 
 
 def draft_lines(stderr: str) -> list[str]:
@@ -69,6 +82,7 @@ def test_sglang_plugins_whitelist(plugin, whitelist, loaded):
     expect = loaded and plugin.plan.patches
     assert instrumented == patched == str(expect)
     assert len(plugin_lines(proc.stderr)) == (len(registry.names()) if loaded else 0)
+    assert len(armed_lines(proc.stderr)) == (1 if loaded else 0)
 
 
 def test_sglang_without_dspark_gets_one_line_and_starts():
