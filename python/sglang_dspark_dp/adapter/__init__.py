@@ -22,7 +22,14 @@ SGLang. The names most callers use are re-exported here.
 
 from __future__ import annotations
 
-from sglang_dspark_dp.adapter.base import AttrSwap, dspark_class, signature_of
+from sglang_dspark_dp.adapter.base import (
+    AttrSwap,
+    dspark_class,
+    host_buffer,
+    is_pinned,
+    pins_host_memory,
+    signature_of,
+)
 from sglang_dspark_dp.adapter.cuda_graph import capture_sizes, graph_runner
 from sglang_dspark_dp.adapter.draft import (
     DRAFT_MODULE,
@@ -131,6 +138,9 @@ __all__ = [
     "remove_hook",
     "run_busy_forward",
     "run_idle_forward",
+    "host_buffer",
+    "is_pinned",
+    "pins_host_memory",
     "signature_of",
     "stock_fill",
     "stock_init_graphs",
