@@ -24,6 +24,32 @@ def test_cli_verify_exit_codes(plugin, sglang_version, short_verify):
         assert "Traceback" not in nofix.stdout + nofix.stderr
 
 
+@pytest.mark.parametrize(
+    ("field", "says"),
+    [
+        ("padded_tokens", "ranks disagree on padded_tokens"),
+        ("non_padded_cpu", "EP accounting: non-padded sum"),
+    ],
+)
+def test_cli_verify_fails_naming_the_one_field_a_rank_gets_wrong(plugin, field, says):
+    """``verify`` as the user runs it, with the harness made (its test hook,
+    ``SGLANG_DSPARK_DP_FAULT``) to give rank 1 one field one off at step 5
+    of the EP-on tier: exit 1, a FAILED line naming the field, the step,
+    the tier, and no OK line."""
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    from sglang_dspark_dp.harness.lockstep import FAULT_ENV
+
+    argv = ["verify", "--steps", "12", "--dp", "2", "--no-progress", "--no-startup"]
+    proc = cli(argv, **{FAULT_ENV: f"skew:1:2:5:{field}"})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    failed = [x for x in proc.stdout.splitlines() if x.startswith("verify: FAILED")]
+    assert len(failed) == 1, proc.stdout[-3000:]
+    assert "at step 5 (EP 2" in failed[0] and says in failed[0], failed[0]
+    assert "verify: OK" not in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
 def test_cli_doctor_json(plugin):
     import json
 
