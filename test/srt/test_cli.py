@@ -66,7 +66,69 @@ def test_cli_doctor_json(plugin):
     assert json.loads(guarded.stdout)["guard"] is True
 
 
+def doctor_outcomes(proc) -> dict[str, str]:
+    import json
+
+    return {s["repair"]: s["outcome"] for s in json.loads(proc.stdout)["repairs"]}
+
+
+def test_cli_doctor_exits_0_where_every_repair_is_enabled_or_not_needed(plugin):
+    """The installed build as it is: each release has a repair it needs
+    (enabled) and one it does not (not needed), and nothing else."""
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    proc = cli(["doctor", "--json"])
+    outcomes = doctor_outcomes(proc)
+    assert set(outcomes.values()) == {"enabled", "not needed"}, outcomes
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+#: The DSpark planner module, hidden: the verify-budget repair's probe
+#: cannot drive it, and the repair cannot be set up.
+NO_PLANNER = (
+    "import sys\n"
+    "sys.modules['sglang.srt.speculative.dspark_components.dspark_planner'] = None\n"
+)
+
+
+def test_cli_doctor_exits_1_when_a_repair_is_not_applicable(plugin):
+    """A repair that cannot be set up on a build that needs it (every
+    release needs verify-budget) is not healthy, whatever the others say."""
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    proc = run_python(NO_PLANNER + CLI.format(argv=["doctor", "--json"]))
+    outcomes = doctor_outcomes(proc)
+    assert outcomes["verify-budget"] == "not applicable", outcomes
+    assert "enabled" in outcomes.values()  # the others still set up
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_doctor_exits_1_when_a_repair_is_not_instrumented(plugin):
+    """One repair taken off after the load (the others stay on), and the
+    whole plugin left out by SGLang's whitelist: not healthy, exit 1."""
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    code = (
+        "from sglang.srt.plugins import load_plugins\n"
+        "from sglang_dspark_dp import registry\n"
+        "load_plugins()\n"
+        "registry.repair('relay-wait').uninstrument()\n"
+    )
+    proc = run_python(code + CLI.format(argv=["doctor", "--json"]))
+    outcomes = doctor_outcomes(proc)
+    assert outcomes["relay-wait"] == "not instrumented", outcomes
+    assert "enabled" in outcomes.values()
+    assert proc.returncode == 1
+    left_out = cli(["doctor", "--json"], SGLANG_PLUGINS="some_other_plugin")
+    outcomes = doctor_outcomes(left_out)
+    assert set(outcomes.values()) == {"not instrumented"}, outcomes
+    assert left_out.returncode == 1
+    assert "does not list dspark_dp" in left_out.stdout
+
+
 def test_cli_doctor_without_dspark():
+    """No DSpark at all: exit 2, whatever the repairs would say."""
     code = (
         "import sys\n"
         "sys.modules['sglang.srt.speculative.dspark_components.dspark_draft'] = None\n"
