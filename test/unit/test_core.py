@@ -724,3 +724,55 @@ def test_the_fill_asks_for_page_locked_buffers_and_says_when_they_are_not(
     assert buffers.pinned is False
     said = [r.getMessage() for r in caplog.records if "pageable" in r.getMessage()]
     assert len(said) == 1 and "meta" in said[0], said
+
+
+class CopyCalls(TorchDispatchMode):
+    """Records every tensor operation, and each copy's ``non_blocking``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.non_blocking: list[bool] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        if func.overloadpacket.__name__ == "copy_":
+            self.non_blocking.append(bool(args[2] if len(args) > 2 else False))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_changed_step_on_cuda_never_makes_the_host_wait(monkeypatch):
+    """On a CUDA device a changed step is ONE non-blocking copy (from the
+    page-locked buffer) and no other tensor operation (no allocation, no
+    kernel), with an event recorded on the device's current stream; a
+    repeat is nothing. ``meta`` stands in for the device side
+    (the copy is recorded, no memory moves); the adapter says what CUDA's
+    answers would be: pinning asked for, the current stream."""
+    from sglang_dspark_dp import adapter
+
+    streams = []
+    monkeypatch.setattr(adapter.base, "pins_host_memory", lambda device: True)
+    monkeypatch.setattr(
+        adapter.base,
+        "host_buffer",
+        lambda numel, dtype, *, pinned: torch.zeros(numel, dtype=dtype),
+    )
+    monkeypatch.setattr(
+        adapter.base, "current_stream", lambda device: streams.append(device) or "s"
+    )
+    log = []
+
+    class Event(StandInEvent):
+        def record(self, *stream):
+            assert stream == ("s",), stream
+            super().record(*stream)
+
+    buffers = DraftDPBuffers("meta", event_factory=lambda: Event(log, lambda: None))
+    buffers.update(8, [2, 3], [2, 3])  # the first step lays the buffers out
+    with CopyCalls() as calls:
+        buffers.update(8, [2, 3], [2, 3])  # a repeat: nothing
+        buffers.update(4, [1, 3], [1, 3])
+    assert calls.ops == ["copy_"]
+    assert calls.non_blocking == [True]
+    assert log == ["record", "record"] and len(streams) == 2
+    assert streams[0] == torch.device("meta") and buffers.host_waits == 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from sglang_dspark_dp.adapter.base import (
     AttrSwap,
+    current_stream,
     dspark_class,
     host_buffer,
     is_pinned,
@@ -112,6 +113,7 @@ __all__ = [
     "apply_hooks",
     "capture_group",
     "capture_sizes",
+    "current_stream",
     "dp_moe_sync",
     "dp_rank_and_size",
     "draft_spec_info",

@@ -86,3 +86,11 @@ def host_buffer(numel: int, dtype: Any, *, pinned: bool) -> Any:
 def is_pinned(tensor: Any) -> bool:
     """Whether ``tensor``'s memory is page-locked (``Tensor.is_pinned()``)."""
     return bool(tensor.is_pinned())
+
+
+def current_stream(device: Any) -> Any:
+    """The stream work for ``device`` is queued on now (CUDA's current
+    stream of that device), where an event recorded after a copy goes."""
+    import torch
+
+    return torch.cuda.current_stream(device)

@@ -242,7 +242,7 @@ class DraftDPBuffers:
             if event is None:
                 event = self._events[idx] = self._event_factory()
             if self._pin:
-                event.record(torch.cuda.current_stream(self.device))
+                event.record(memory.current_stream(self.device))
             else:
                 event.record()
         self._next = (idx + 1) % self.DEPTH
