@@ -50,6 +50,27 @@ def test_cli_verify_fails_naming_the_one_field_a_rank_gets_wrong(plugin, field, 
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+def test_cli_repro_shows_stock_and_the_repair_side_by_side(plugin, sglang_version):
+    """``repro``: one DP step, stock then repaired, each rank's DP fields;
+    exit 0 when the repaired step runs. Where the release's stock crashes
+    under DP attention, stock's ranks say so and the repaired ranks carry
+    the raw per-rank counts."""
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    proc = cli(["repro", "--dp", "2"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    stock, fixed = proc.stdout.split("--- with sglang-dspark-dp")
+    assert "--- stock SGLang (no plugin)" in stock
+    for rank, path in ((0, "busy"), (1, "idle")):
+        assert f"rank {rank} ({path}): graph=yes" in fixed, fixed
+    assert fixed.count("original_global_num_tokens_cpu=[3, 0]") == 2, fixed
+    if (known(sglang_version) or {}).get("dp"):
+        assert stock.count("CRASH in can_run_graph: TypeError") == 2, stock
+        assert "stock: crashes; with the plugin: ok" in proc.stdout
+    else:
+        assert "stock: ok; with the plugin: ok" in proc.stdout
+
+
 def test_cli_doctor_json(plugin):
     import json
 
