@@ -19,9 +19,9 @@ Not run by default:
   ``verify`` without and with the plugin on every release; writes
   ``compat/<V>.json`` and regenerates ``COMPATIBILITY.md``;
 * ``mutants(sglang=V)``: each mutant of ``test/mutants.toml`` (one small
-  bug per behaviour the README promises) applied to a scratch copy, its
-  tests run there; fails unless every live mutant is killed (0.5.16 and
-  0.5.23);
+  bug per row of ``docs/promises.md``) applied to a scratch copy and judged
+  by the release's whole suite there (its own tests first, then the rest);
+  fails unless every live mutant is killed (0.5.16 and 0.5.23);
 * ``backport -- PATH [CHANGE ...]``: an SGLang build (source tree or wheel)
   that carries backported upstream changes, judged alone by behaviour
   (plugin off), one verdict per change.
@@ -237,8 +237,9 @@ MUTANT_RELEASES = ["0.5.16", "0.5.23"]
 @nox.parametrize("sglang", MUTANT_RELEASES)
 def mutants(session: nox.Session, sglang: str) -> None:
     """Apply each mutant of ``test/mutants.toml`` to a scratch copy and run
-    its tests; fails unless every live mutant is killed
-    (``scripts/mutants.py``; arguments after ``--`` go to it)."""
+    its tests, then, if they pass, the rest of the release's suite; fails
+    unless every live mutant is killed (``scripts/mutants.py``; arguments
+    after ``--`` go to it)."""
     install(session, sglang)
     session.run("python", "scripts/mutants.py", *session.posargs)
 

@@ -3,21 +3,29 @@
 ``python scripts/mutants.py [--only ID,...] [--keep DIR]`` copies the
 checkout's tracked files into a scratch folder, then for each mutant in
 turn applies it there (its ``find`` text, which must occur exactly once,
-becomes ``replace``), runs its tests there (``pytest -x``, this Python, the
-copy's package first on ``sys.path``), and puts the file back. A mutant is
+becomes ``replace``), runs the tests there (this Python, the copy's package
+first on ``sys.path``) and puts the file back. A mutant is judged by the
+whole suite of its release, not by the files beside it: first its own
+``tests`` (``pytest -x``, the fast kill), and, if they pass, the rest of the
+suite (``test/``, with the ``--ignore`` of ``test/benchmark`` and
+``test/e2e`` that ``noxfile.py`` applies on every release but 0.5.17, its
+own tests left out; ``pytest -x``). A mutant is
 
-* ``killed`` when its tests fail;
-* ``SURVIVED`` when they pass: the suite does not see that bug;
+* ``killed`` when its tests fail, or the rest of the suite does and the
+  test that failed there passes without the mutant (run again on the
+  unmutated copy, so a test that fails anyway kills nothing);
+* ``SURVIVED`` when the whole suite passes: the suite does not see that bug;
 * ``not live`` when its ``live`` repair is not enabled on the installed
   release (the mutated code never runs there; reported, not counted);
-* ``ERROR`` when its tests cannot run (collected nothing, interrupted) or
-  its ``find`` text is not in the file exactly once.
+* ``ERROR`` when its tests cannot run (collected nothing, interrupted), its
+  ``find`` text is not in the file exactly once, or the failing test of the
+  rest of the suite fails without the mutant too.
 
-It prints one line per mutant and a table, and exits 0 only when every live
-mutant is killed. A hand-kept list rather than a generating tool (mutmut,
-cosmic-ray): each mutant here is one behaviour the README promises, with
-the tests that must see it, and a run costs one SGLang import per test
-file instead of the whole suite per generated mutant.
+It prints one line per mutant (the test that killed it, and whether its own
+tests or the rest of the suite did) and a table, and exits 0 only when
+every live mutant is killed. A hand-kept list rather than a generating tool
+(mutmut, cosmic-ray): each mutant here is one behaviour the promise table
+(``docs/promises.md``) lists, with the tests that must see it.
 """
 
 from __future__ import annotations
@@ -30,10 +38,17 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LIST = ROOT / "test" / "mutants.toml"
+#: As ``noxfile.py``'s ``BENCH_RELEASE`` and ``SCRIPT_TESTS``: the tests of
+#: the scripts made for the GPU machine run in 0.5.17's session only.
+BENCH_RELEASE = "0.5.17"
+SCRIPT_TESTS = ("test/benchmark", "test/e2e")
+PYTEST = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+PYTEST += ["-W", "ignore::UserWarning"]
 
 
 def load(path: Path = LIST) -> list[dict]:
@@ -88,44 +103,83 @@ def live_repairs() -> set[str]:
     return set(proc.stdout.strip().splitlines()[-1].split(","))
 
 
-def run_one(m: dict, work: Path, env: dict[str, str]) -> tuple[str, float, str]:
-    """``(outcome, seconds, the last line of pytest's output)``."""
-    path = work / m["file"]
-    text = path.read_text()
-    if text.count(m["find"]) != 1:
-        return "ERROR", 0.0, f"find text occurs {text.count(m['find'])} times"
-    path.write_text(text.replace(m["find"], m["replace"]))
-    start = time.monotonic()
-    try:
+def suite_args(version: str, listed: list[str]) -> list[str]:
+    """pytest arguments for the rest of the release's suite: ``test/`` as
+    its ``tests`` session runs it, less the mutant's ``listed`` tests."""
+    args = ["test"]
+    if version != BENCH_RELEASE:
+        args += [f"--ignore={t}" for t in SCRIPT_TESTS]
+    for t in listed:
+        args.append(f"--deselect={t}" if "::" in t else f"--ignore={t}")
+    return args
+
+
+def first_failure(output: str) -> str | None:
+    """The node id of the first failing test in pytest's ``-q`` summary."""
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split(" ", 2)[1]
+    return None
+
+
+def last_line(stdout: str, stderr: str) -> str:
+    lines = [x for x in stdout.splitlines() if x.strip()]
+    return lines[-1] if lines else stderr.strip()[-200:]
+
+
+Pytest = Callable[[list[str]], "tuple[int, str, str]"]
+
+
+def pytest_in(work: Path, env: dict[str, str]) -> Pytest:
+    """Run pytest with ``args`` in ``work``: ``(exit code, stdout, stderr)``."""
+
+    def run(args: list[str]) -> tuple[int, str, str]:
         proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-x",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "-W",
-                "ignore::UserWarning",
-                *m["tests"],
-            ],
+            [sys.executable, *PYTEST, *args],
             cwd=work,
             env=env,
             capture_output=True,
             text=True,
             timeout=3600,
         )
+        return proc.returncode, proc.stdout, proc.stderr
+
+    return run
+
+
+def judge(m: dict, path: Path, version: str, pytest: Pytest) -> tuple[str, str, str]:
+    """``(outcome, by, last line)`` of mutant ``m`` (``path``: its file in
+    the scratch copy, which it is applied to and taken back from); ``by``:
+    the test that killed it and in which phase."""
+    text = path.read_text()
+    if text.count(m["find"]) != 1:
+        return "ERROR", "-", f"find text occurs {text.count(m['find'])} times"
+    path.write_text(text.replace(m["find"], m["replace"]))
+    try:
+        rc, out, err = pytest(list(m["tests"]))
+        if rc == 1:
+            return "killed", f"its tests: {first_failure(out)}", last_line(out, err)
+        if rc != 0:
+            return "ERROR", "its tests", f"pytest exit {rc}: {last_line(out, err)}"
+        rc, out, err = pytest(suite_args(version, list(m["tests"])))
+        if rc == 0:
+            return "SURVIVED", "-", last_line(out, err)
+        if rc != 1:
+            return "ERROR", "the suite", f"pytest exit {rc}: {last_line(out, err)}"
     finally:
         path.write_text(text)
-    seconds = time.monotonic() - start
-    lines = [x for x in proc.stdout.splitlines() if x.strip()]
-    last = lines[-1] if lines else proc.stderr.strip()[-200:]
-    if proc.returncode == 1:
-        return "killed", seconds, last
-    if proc.returncode == 0:
-        return "SURVIVED", seconds, last
-    return "ERROR", seconds, f"pytest exit {proc.returncode}: {last}"
+    killer = first_failure(out)
+    if killer is None:
+        return "ERROR", "the suite", f"no failing test named: {last_line(out, err)}"
+    again, out2, err2 = pytest([killer])  # the unmutated copy
+    if again != 0:
+        return (
+            "ERROR",
+            f"the suite: {killer}",
+            f"it fails without the mutant too (pytest exit {again}): "
+            + last_line(out2, err2),
+        )
+    return "killed", f"the suite: {killer}", last_line(out, err)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,22 +210,28 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mutants: sglang {version}; repairs enabled: {', '.join(sorted(live))}")
     rows = []
     start = time.monotonic()
+    pytest = pytest_in(work, env)
     for m in mutants:
+        began = time.monotonic()
         if m.get("live") and m["live"] not in live:
-            outcome, seconds, last = "not live", 0.0, f"{m['live']} is not enabled"
+            outcome, by, last = "not live", "-", f"{m['live']} is not enabled"
         else:
-            outcome, seconds, last = run_one(m, work, env)
-        rows.append((m["id"], outcome, seconds, last))
-        print(f"mutants: {m['id']}: {outcome} ({seconds:.0f} s): {last}", flush=True)
+            outcome, by, last = judge(m, work / m["file"], version, pytest)
+        seconds = time.monotonic() - began
+        rows.append((m["id"], outcome, seconds, by, last))
+        print(
+            f"mutants: {m['id']}: {outcome} ({seconds:.0f} s; {by}): {last}",
+            flush=True,
+        )
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     counted = [r for r in rows if r[1] != "not live"]
     killed = [r for r in counted if r[1] == "killed"]
     print()
-    print(f"| mutant | outcome | seconds | sglang {version} |")
-    print("|---|---|---|---|")
-    for mid, outcome, seconds, last in rows:
-        print(f"| {mid} | {outcome} | {seconds:.0f} | {last[:90]} |")
+    print(f"| mutant | outcome | seconds | by | sglang {version} |")
+    print("|---|---|---|---|---|")
+    for mid, outcome, seconds, by, last in rows:
+        print(f"| {mid} | {outcome} | {seconds:.0f} | {by} | {last[:90]} |")
     total = time.monotonic() - start
     print(
         f"\nmutants: {len(killed)} of {len(counted)} live mutants killed on sglang "

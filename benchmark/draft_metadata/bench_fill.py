@@ -11,6 +11,8 @@ at every call):
 * host milliseconds of one fill call enqueued behind ~100 ms of GPU work
   (``torch.cuda._sleep``): a fill that waits for the stream shows ~100 ms;
 * device allocations per fill (``allocation.all.allocated`` delta / calls);
+* on CUDA, whether the plugin's host buffers are page-locked (each one's
+  ``is_pinned()``; from pageable memory the copy makes the host wait);
 * whether the DP/EP fields come out right, on the fill alone and through a
   busy and an idle rank of a DP-4 decode step with a real
   ``DecodeCudaGraphRunner.can_run_graph`` deciding admission.
@@ -352,6 +354,21 @@ def _explain(api: Any, torch: Any, device: str, *, bs: int, gamma: int, dp: int)
     return rows
 
 
+def _host_buffers_pinned(proposer: Any, device: str) -> bool | None:
+    """Whether the repaired fill's host buffers are page-locked, asked of
+    each tensor itself (``is_pinned()``); None where there is nothing to pin
+    (the CPU) or no buffer (stock's fill ran)."""
+    from sglang_dspark_dp.srt.speculative.dspark_components.dspark_draft import (
+        held_buffers,
+    )
+
+    held = held_buffers(proposer)
+    if held is None or device != "cuda":
+        return None
+    hosts = held.host_tensors()
+    return bool(hosts) and all(t.is_pinned() for t in hosts)
+
+
 def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -453,6 +470,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
                 if checks.get(key, "ok") == "ok":
                     checks[key] = verdict
         result["fill_fields"] = checks
+        result["host_buffers_pinned"] = _host_buffers_pinned(proposer, device)
         if args.explain:
             result["explain"] = _explain(
                 api, torch, device, bs=args.bs, gamma=args.gamma, dp=args.dp
@@ -588,6 +606,15 @@ def evaluate_targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "verdict": verdict([None if a is None else a == 0 for a in allocs]),
         },
     ]
+    pinned = [r.get("host_buffers_pinned") for r in ours]
+    out.append(
+        {
+            "target": "host buffers page-locked (is_pinned())",
+            "rows": [str(r.get("sglang")) for r in ours],
+            "values": pinned,
+            "verdict": verdict(pinned),
+        }
+    )
     for pattern, limit in RATIO_TARGETS.items():
         ref_rows = dict(pattern_rows(base[0])) if base else {}
         ref = ref_rows[pattern]["host_us"]["median"] if pattern in ref_rows else None

@@ -4,8 +4,8 @@ Runs ``bench_fill.py compare`` (one child per mode, both on
 ``sys.executable``) with ``--device cpu --iters 50`` and checks the combined
 JSON: every figure is there for both call patterns (steady: the same counts
 every call; churn: counts that change every call), the GPU-only ones are
-n/a, the targets are the four of issue 19 (n/a where they need a GPU or a
-stock 0.5.17 row), and the plugin's fill leaves the DP/EP fields right. No
+n/a, the targets are the four of issue 19 and the host buffers' pinning
+(n/a where they need a GPU or a stock 0.5.17 row), and the plugin's fill leaves the DP/EP fields right. No
 timing is asserted.
 """
 
@@ -71,7 +71,9 @@ def test_combined_json_has_every_figure(combined):
         assert r["busy"] is None and r["device_allocs_per_step"] is None
         assert set(r["fill_fields"]) == {"unscaled", "non_padded", "non_padded_cpu"}
         assert r["dp_fields"]
-    assert len(combined["targets"]) == 4
+    assert len(combined["targets"]) == 5
+    # Nothing to pin on the CPU: the figure is there, and says n/a.
+    assert [r["host_buffers_pinned"] for r in combined["runs"]] == [None, None]
 
 
 def test_steady_and_churn_rows(combined):
@@ -129,8 +131,8 @@ def test_targets_name_both_ratios(combined):
     assert by_pattern["churn"]["limit"] == 0.5
     line = bench_fill.render_targets(combined["targets"])
     assert "steady median <= 0.15x" in line and "churn median <= 0.5x" in line
-    # On CPU the host-blocked and allocation targets cannot be judged.
-    assert [t["verdict"] for t in combined["targets"][:2]] == ["n/a", "n/a"]
+    # On CPU the host-blocked, allocation and pinning targets cannot be judged.
+    assert [t["verdict"] for t in combined["targets"][:3]] == ["n/a"] * 3
 
 
 def test_ratio_targets_on_synthetic_runs():
@@ -174,6 +176,56 @@ def test_ratio_targets_on_synthetic_runs():
     assert targets["churn"]["verdict"] == "met"
     assert bench_fill.evaluate_targets(runs)[0]["verdict"] == "met"
     assert bench_fill.evaluate_targets(runs)[1]["verdict"] == "met"
+
+
+def test_the_pinning_target_reads_each_plugin_run(monkeypatch):
+    """A plugin run whose host buffers came back pageable fails the target;
+    stock runs are not judged (made-up runs, no GPU)."""
+
+    def run(fill, pinned):
+        return {
+            "fill": fill,
+            "host_us": {"median": 1.0, "p90": 1.0},
+            "busy": None,
+            "device_allocs_per_step": None,
+            "host_buffers_pinned": pinned,
+        }
+
+    def pinning(runs):
+        (t,) = [
+            t for t in bench_fill.evaluate_targets(runs) if "is_pinned" in t["target"]
+        ]
+        return t["verdict"]
+
+    assert pinning([run("stock", None), run("plugin", True)]) == "met"
+    assert pinning([run("plugin", True), run("plugin", False)]) == "NOT met"
+    assert pinning([run("plugin", None)]) == "n/a"
+
+
+def test_the_benchmark_asks_each_host_buffer_whether_it_is_pinned():
+    """On CUDA the figure is each host tensor's own ``is_pinned()``, not
+    the buffers' word for it; CPU and a stock fill have nothing to judge."""
+
+    class Host:
+        def __init__(self, pinned):
+            self.pinned = pinned
+
+        def is_pinned(self):
+            return self.pinned
+
+    def proposer(*hosts):
+        from sglang_dspark_dp.srt.speculative.dspark_components import dspark_draft
+
+        held = SimpleNamespace(host_tensors=lambda: list(hosts), pinned=True)
+        p = SimpleNamespace()
+        p.__dict__[dspark_draft._BUFFERS_ATTR] = ("cuda", held)
+        return p
+
+    pinned = bench_fill._host_buffers_pinned
+    assert pinned(proposer(Host(True), Host(True)), "cuda") is True
+    assert pinned(proposer(Host(True), Host(False)), "cuda") is False
+    assert pinned(proposer(Host(True)), "cpu") is None
+    assert pinned(SimpleNamespace(), "cuda") is None
 
 
 def test_plugin_mode_fields_are_right(combined):

@@ -24,6 +24,53 @@ def test_cli_verify_exit_codes(plugin, sglang_version, short_verify):
         assert "Traceback" not in nofix.stdout + nofix.stderr
 
 
+@pytest.mark.parametrize(
+    ("field", "says"),
+    [
+        ("padded_tokens", "ranks disagree on padded_tokens"),
+        ("non_padded_cpu", "EP accounting: non-padded sum"),
+    ],
+)
+def test_cli_verify_fails_naming_the_one_field_a_rank_gets_wrong(plugin, field, says):
+    """``verify`` as the user runs it, with the harness made (its test hook,
+    ``SGLANG_DSPARK_DP_FAULT``) to give rank 1 one field one off at step 5
+    of the EP-on tier: exit 1, a FAILED line naming the field, the step,
+    the tier, and no OK line."""
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    from sglang_dspark_dp.harness.lockstep import FAULT_ENV
+
+    argv = ["verify", "--steps", "12", "--dp", "2", "--no-progress", "--no-startup"]
+    proc = cli(argv, **{FAULT_ENV: f"skew:1:2:5:{field}"})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    failed = [x for x in proc.stdout.splitlines() if x.startswith("verify: FAILED")]
+    assert len(failed) == 1, proc.stdout[-3000:]
+    assert "at step 5 (EP 2" in failed[0] and says in failed[0], failed[0]
+    assert "verify: OK" not in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_cli_repro_shows_stock_and_the_repair_side_by_side(plugin, sglang_version):
+    """``repro``: one DP step, stock then repaired, each rank's DP fields;
+    exit 0 when the repaired step runs. Where the release's stock crashes
+    under DP attention, stock's ranks say so and the repaired ranks carry
+    the raw per-rank counts."""
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    proc = cli(["repro", "--dp", "2"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    stock, fixed = proc.stdout.split("--- with sglang-dspark-dp")
+    assert "--- stock SGLang (no plugin)" in stock
+    for rank, path in ((0, "busy"), (1, "idle")):
+        assert f"rank {rank} ({path}): graph=yes" in fixed, fixed
+    assert fixed.count("original_global_num_tokens_cpu=[3, 0]") == 2, fixed
+    if (known(sglang_version) or {}).get("dp"):
+        assert stock.count("CRASH in can_run_graph: TypeError") == 2, stock
+        assert "stock: crashes; with the plugin: ok" in proc.stdout
+    else:
+        assert "stock: ok; with the plugin: ok" in proc.stdout
+
+
 def test_cli_doctor_json(plugin):
     import json
 
@@ -40,7 +87,69 @@ def test_cli_doctor_json(plugin):
     assert json.loads(guarded.stdout)["guard"] is True
 
 
+def doctor_outcomes(proc) -> dict[str, str]:
+    import json
+
+    return {s["repair"]: s["outcome"] for s in json.loads(proc.stdout)["repairs"]}
+
+
+def test_cli_doctor_exits_0_where_every_repair_is_enabled_or_not_needed(plugin):
+    """The installed build as it is: each release has a repair it needs
+    (enabled) and one it does not (not needed), and nothing else."""
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    proc = cli(["doctor", "--json"])
+    outcomes = doctor_outcomes(proc)
+    assert set(outcomes.values()) == {"enabled", "not needed"}, outcomes
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+#: The DSpark planner module, hidden: the verify-budget repair's probe
+#: cannot drive it, and the repair cannot be set up.
+NO_PLANNER = (
+    "import sys\n"
+    "sys.modules['sglang.srt.speculative.dspark_components.dspark_planner'] = None\n"
+)
+
+
+def test_cli_doctor_exits_1_when_a_repair_is_not_applicable(plugin):
+    """A repair that cannot be set up on a build that needs it (every
+    release needs verify-budget) is not healthy, whatever the others say."""
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    proc = run_python(NO_PLANNER + CLI.format(argv=["doctor", "--json"]))
+    outcomes = doctor_outcomes(proc)
+    assert outcomes["verify-budget"] == "not applicable", outcomes
+    assert "enabled" in outcomes.values()  # the others still set up
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_doctor_exits_1_when_a_repair_is_not_instrumented(plugin):
+    """One repair taken off after the load (the others stay on), and the
+    whole plugin left out by SGLang's whitelist: not healthy, exit 1."""
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    code = (
+        "from sglang.srt.plugins import load_plugins\n"
+        "from sglang_dspark_dp import registry\n"
+        "load_plugins()\n"
+        "registry.repair('relay-wait').uninstrument()\n"
+    )
+    proc = run_python(code + CLI.format(argv=["doctor", "--json"]))
+    outcomes = doctor_outcomes(proc)
+    assert outcomes["relay-wait"] == "not instrumented", outcomes
+    assert "enabled" in outcomes.values()
+    assert proc.returncode == 1
+    left_out = cli(["doctor", "--json"], SGLANG_PLUGINS="some_other_plugin")
+    outcomes = doctor_outcomes(left_out)
+    assert set(outcomes.values()) == {"not instrumented"}, outcomes
+    assert left_out.returncode == 1
+    assert "does not list dspark_dp" in left_out.stdout
+
+
 def test_cli_doctor_without_dspark():
+    """No DSpark at all: exit 2, whatever the repairs would say."""
     code = (
         "import sys\n"
         "sys.modules['sglang.srt.speculative.dspark_components.dspark_draft'] = None\n"

@@ -97,3 +97,52 @@ def test_an_unknown_guard_value_means_off_and_says_so_once(monkeypatch, caplog):
     assert dspark_dp_guard.GUARD_ENV in said[0] and "stays off" in said[0]
     monkeypatch.setenv(dspark_dp_guard.GUARD_ENV, "on")
     assert dspark_dp_guard.guard_enabled() is True
+
+
+#: ``--tp 4 --dp 2 --enable-dp-attention``: two attention-TP ranks per DP
+#: rank. Global TP rank -> (DP rank, attention-TP rank).
+TP4_DP2 = [(tp // 2, tp % 2) for tp in range(4)]
+
+
+def tp4_dp2_step(api, names, *, tp_rank, bs, counts, ep_size=4):
+    """The real proposer's draft forward on global TP rank ``tp_rank`` of
+    ``--tp 4 --dp 2`` with the guard on; ``counts`` are the scheduler's
+    gathered per-DP-rank request counts, ``bs`` this rank's own requests."""
+    dp_rank, attn_tp_rank = TP4_DP2[tp_rank]
+    with parallel_override(
+        api.get_parallel,
+        dp_size=2,
+        dp_rank=dp_rank,
+        ep_size=ep_size,
+        attn_tp_size=2,
+        attn_tp_rank=attn_tp_rank,
+    ):
+        driver = DraftDriver(api, gamma=4, dp_moe_sync=True, names=names)
+        return driver.step(bs, counts)
+
+
+@pytest.mark.parametrize("tp_rank", range(4))
+def test_guard_at_tp4_dp2_checks_each_rank_against_its_own_dp_count(
+    api, guarded, tp_rank
+):
+    """On every rank of ``--tp 4 --dp 2``, rank 0 included: a healthy step
+    passes whichever DP rank holds more requests, and a step whose real
+    draft tokens exceed this DP rank's padded count (the gathered count of
+    this DP rank is one short of its requests) is named, with this DP rank.
+    A guard that read the global TP rank, or skipped a rank, would pass the
+    first or raise on the second (or the other way round)."""
+    names = REPAIR.probe_result.names
+    dp_rank = TP4_DP2[tp_rank][0]
+    for counts in ([3, 1], [1, 3]):
+        bs = counts[dp_rank]
+        seen = tp4_dp2_step(api, names, tp_rank=tp_rank, bs=bs, counts=counts)
+        assert seen.fields["non_padded_cpu"] == bs * 4
+        assert seen.fields["unscaled"] == counts
+    # This DP rank runs one request more than the scheduler's gathered count
+    # says: its padded count, counts[dp_rank] x 4, is below its real tokens.
+    counts = [2, 2]
+    with pytest.raises(DSparkDPMetadataError, match="exceeds this rank's padded") as e:
+        tp4_dp2_step(api, names, tp_rank=tp_rank, bs=3, counts=counts)
+    assert e.value.field == names.non_padded_cpu
+    assert e.value.rank == dp_rank
+    assert f"on DP rank {dp_rank}" in str(e.value)

@@ -166,3 +166,51 @@ def test_harness_names_the_code_that_wrote_the_sync_sizes(plugin):
     result = lockstep.run(lockstep.RunConfig(dp=2, ep_sizes=(1,), steps=20))
     assert result.failure is None, result.failure.render()
     assert result.sync_writer.endswith("dp_attn._update_gather_batch")
+
+
+#: ``(dp, attention TP, field)`` -> what the verdict must say when the last
+#: rank's field is one off at step 3 of the EP-on tier.
+SKEWS = {
+    (2, 2, "admitted"): ("disagreement", "ranks disagree on admitted"),
+    (2, 2, "bucket"): ("disagreement", "ranks disagree on bucket"),
+    (2, 2, "padded_tokens"): ("disagreement", "ranks disagree on padded_tokens"),
+    (2, 2, "non_padded_cpu"): (
+        "disagreement",
+        "the attention-TP ranks of one DP rank disagree on non_padded_cpu",
+    ),
+    (2, 2, "gaps"): ("wrong value", "field(s) of the draft batch are wrong"),
+    (2, 1, "non_padded_cpu"): ("wrong value", "EP accounting: non-padded sum"),
+}
+
+
+@pytest.mark.parametrize("dp, attn_tp, field", sorted(SKEWS))
+def test_one_rank_off_by_one_on_a_judged_field_fails_the_run(
+    plugin, monkeypatch, dp, attn_tp, field
+):
+    """Through the harness's own test hook, not its judge: the last rank
+    (never rank 0) decides one differently on ``field`` at one step; the
+    run stops there, naming the field, the step and the EP tier (and the
+    rank, where one rank is to blame)."""
+    world = dp * attn_tp
+    kind, detail = SKEWS[(dp, attn_tp, field)]
+    monkeypatch.setenv(lockstep.FAULT_ENV, f"skew:{world - 1}:{world}:3:{field}")
+    cfg = lockstep.RunConfig(dp=dp, attn_tp=attn_tp, ep_sizes=(1, world), steps=8)
+    result = lockstep.run(cfg)
+    f = result.failure
+    assert f is not None, f"skewed {field} passed"
+    assert (f.kind, f.step, f.ep) == (kind, 3, world), f.render()
+    assert detail in f.detail, f.render()
+    if kind == "disagreement" or field == "gaps":
+        assert f.rank == world - 1, f.render()
+    assert result.steps_done == {1: 8, world: 3}
+    assert no_children_left()
+
+
+@pytest.mark.parametrize(
+    "spec", ["skew:1:2:3:count", "skew:1:2:x:bucket", "die:1:2", "wobble:1:2:3"]
+)
+def test_a_bad_fault_hook_is_one_line_naming_it(spec, monkeypatch):
+    monkeypatch.setenv(lockstep.FAULT_ENV, spec)
+    with pytest.raises(lockstep.CannotRun, match=lockstep.FAULT_ENV) as err:
+        lockstep.run(lockstep.RunConfig(dp=2, ep_sizes=(1,), steps=5))
+    assert repr(spec) in str(err.value) and "\n" not in str(err.value)

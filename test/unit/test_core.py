@@ -664,3 +664,115 @@ def test_a_repeat_records_no_event():
     step(buffers, [2, 3], bs=2)
     step(buffers, [2, 3], bs=2)
     assert log == ["record"]
+
+
+# --- The fill's host buffers are page-locked where the device is CUDA ------
+
+
+def test_a_cuda_device_gets_page_locked_host_buffers_and_the_cpu_does_not():
+    from sglang_dspark_dp import adapter
+
+    assert adapter.pins_host_memory(torch.device("cuda"))
+    assert adapter.pins_host_memory(torch.device("cuda", 1))
+    assert not adapter.pins_host_memory(torch.device("cpu"))
+    assert not adapter.pins_host_memory(torch.device("meta"))
+    buffers = DraftDPBuffers("cpu", with_non_padded=True)
+    assert buffers.pinned is False  # CPU: nothing to pin, nothing asked
+
+
+def test_a_host_buffer_asked_page_locked_reaches_torchs_pinning():
+    """Where CUDA is absent, torch refuses to pin (it needs the driver):
+    that refusal is the proof the request reached it. On a GPU machine the
+    buffer must come back page-locked."""
+    from sglang_dspark_dp import adapter
+
+    plain = adapter.host_buffer(5, torch.int64, pinned=False)
+    assert plain.shape == (5,) and plain.dtype == torch.int64
+    assert not adapter.is_pinned(plain)
+    if torch.cuda.is_available():
+        assert adapter.is_pinned(adapter.host_buffer(5, torch.int64, pinned=True))
+    else:
+        with pytest.raises(RuntimeError):
+            adapter.host_buffer(5, torch.int64, pinned=True)
+
+
+def test_the_fill_asks_for_page_locked_buffers_and_says_when_they_are_not(
+    monkeypatch, caplog
+):
+    """The buffers of a CUDA device ask the adapter for page-locked host
+    memory, every one of them, and check what came back through it: a
+    pageable buffer (here: what a machine without CUDA can give) is said,
+    not silently copied from. ``meta`` stands in for the CUDA device side
+    (no memory behind it); the adapter's answer for it is CUDA's."""
+    from sglang_dspark_dp import adapter
+
+    asked = []
+
+    def host_buffer(numel, dtype, *, pinned):
+        asked.append(pinned)
+        return torch.zeros(numel, dtype=dtype)
+
+    monkeypatch.setattr(adapter.base, "host_buffer", host_buffer)
+    monkeypatch.setattr(
+        adapter.base,
+        "pins_host_memory",
+        lambda device: device.type == "meta" or device.type == "cuda",
+    )
+    with caplog.at_level("WARNING", logger="sglang_dspark_dp"):
+        buffers = DraftDPBuffers("meta", with_non_padded=True)
+    assert asked == [True] * DraftDPBuffers.DEPTH
+    assert buffers.pinned is False
+    said = [r.getMessage() for r in caplog.records if "pageable" in r.getMessage()]
+    assert len(said) == 1 and "meta" in said[0], said
+
+
+class CopyCalls(TorchDispatchMode):
+    """Records every tensor operation, and each copy's ``non_blocking``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.non_blocking: list[bool] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        if func.overloadpacket.__name__ == "copy_":
+            self.non_blocking.append(bool(args[2] if len(args) > 2 else False))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_changed_step_on_cuda_never_makes_the_host_wait(monkeypatch):
+    """On a CUDA device a changed step is ONE non-blocking copy (from the
+    page-locked buffer) and no other tensor operation (no allocation, no
+    kernel), with an event recorded on the device's current stream; a
+    repeat is nothing. ``meta`` stands in for the device side
+    (the copy is recorded, no memory moves); the adapter says what CUDA's
+    answers would be: pinning asked for, the current stream."""
+    from sglang_dspark_dp import adapter
+
+    streams = []
+    monkeypatch.setattr(adapter.base, "pins_host_memory", lambda device: True)
+    monkeypatch.setattr(
+        adapter.base,
+        "host_buffer",
+        lambda numel, dtype, *, pinned: torch.zeros(numel, dtype=dtype),
+    )
+    monkeypatch.setattr(
+        adapter.base, "current_stream", lambda device: streams.append(device) or "s"
+    )
+    log = []
+
+    class Event(StandInEvent):
+        def record(self, *stream):
+            assert stream == ("s",), stream
+            super().record(*stream)
+
+    buffers = DraftDPBuffers("meta", event_factory=lambda: Event(log, lambda: None))
+    buffers.update(8, [2, 3], [2, 3])  # the first step lays the buffers out
+    with CopyCalls() as calls:
+        buffers.update(8, [2, 3], [2, 3])  # a repeat: nothing
+        buffers.update(4, [1, 3], [1, 3])
+    assert calls.ops == ["copy_"]
+    assert calls.non_blocking == [True]
+    assert log == ["record", "record"] and len(streams) == 2
+    assert streams[0] == torch.device("meta") and buffers.host_waits == 0

@@ -30,6 +30,10 @@ from typing import Any
 #: Each re-exported name and the adapter module that defines it.
 _HOMES: dict[str, str] = {
     "AttrSwap": "base",
+    "current_stream": "base",
+    "host_buffer": "base",
+    "is_pinned": "base",
+    "pins_host_memory": "base",
     "dspark_class": "base",
     "signature_of": "base",
     "capture_sizes": "cuda_graph",

@@ -1,5 +1,6 @@
 """Shared by the adapter's modules: finding a DSpark class, reading a
-signature, and swapping attributes for a ``with`` block."""
+signature, swapping attributes for a ``with`` block, and the page-locked
+host memory an asynchronous copy to the device needs."""
 
 from __future__ import annotations
 
@@ -65,3 +66,31 @@ def signature_of(fn: Any) -> inspect.Signature | None:
         return inspect.signature(fn)
     except (TypeError, ValueError):
         return None
+
+
+def pins_host_memory(device: Any) -> bool:
+    """Whether a host buffer that feeds ``device`` by asynchronous copies
+    must be pinned: a CUDA device copies from pageable memory only after
+    the host has waited for it, so a non-blocking copy would block."""
+    return getattr(device, "type", None) == "cuda"
+
+
+def host_buffer(numel: int, dtype: Any, *, pinned: bool) -> Any:
+    """A zeroed host tensor of ``numel`` elements, in page-locked memory
+    when ``pinned`` (torch's ``pin_memory``, which needs a CUDA driver)."""
+    import torch
+
+    return torch.zeros(numel, dtype=dtype, pin_memory=pinned)
+
+
+def is_pinned(tensor: Any) -> bool:
+    """Whether ``tensor``'s memory is page-locked (``Tensor.is_pinned()``)."""
+    return bool(tensor.is_pinned())
+
+
+def current_stream(device: Any) -> Any:
+    """The stream work for ``device`` is queued on now (CUDA's current
+    stream of that device), where an event recorded after a copy goes."""
+    import torch
+
+    return torch.cuda.current_stream(device)

@@ -161,16 +161,46 @@ def _gather_ints(dist, values: list[int], world: int) -> list[list[int]]:
 
 #: Test hook: ``SGLANG_DSPARK_DP_FAULT=die:RANK:EP:STEP`` makes that rank's
 #: process exit abruptly at that step, to prove the run then ends with a clear
-#: message and no process left behind.
+#: message and no process left behind; ``skew:RANK:EP:STEP:FIELD`` adds one to
+#: that rank's FIELD (one of :data:`JUDGED`) of that step's decision, as a
+#: rank that decided differently would, to prove the verdict names it.
 FAULT_ENV = "SGLANG_DSPARK_DP_FAULT"
+#: The decision fields the ranks are judged on (:func:`_judge`).
+JUDGED = ("admitted", "bucket", "padded_tokens", "non_padded_cpu", "gaps")
 
 
-def _fault() -> tuple[int, int, int] | None:
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    kind: str  # "die" | "skew"
+    rank: int
+    ep: int
+    step: int
+    field: str | None = None
+
+    def at(self, rank: int, ep: int, step: int) -> bool:
+        return (self.rank, self.ep, self.step) == (rank, ep, step)
+
+
+def _fault() -> Fault | None:
+    """The test hook's fault, or None; CannotRun naming the value if it is
+    not one."""
     spec = os.environ.get(FAULT_ENV, "")
-    if not spec.startswith("die:"):
+    if not spec:
         return None
-    rank, ep, step = (int(x) for x in spec[4:].split(":"))
-    return rank, ep, step
+    kind, _, rest = spec.partition(":")
+    parts = rest.split(":")
+    fields = JUDGED
+    try:
+        if kind == "die" and len(parts) == 3:
+            return Fault("die", *(int(x) for x in parts))
+        if kind == "skew" and len(parts) == 4 and parts[3] in fields:
+            return Fault("skew", *(int(x) for x in parts[:3]), field=parts[3])
+    except ValueError:
+        pass
+    raise CannotRun(
+        f"{FAULT_ENV} must be die:RANK:EP:STEP or skew:RANK:EP:STEP:FIELD "
+        f"(FIELD one of {', '.join(fields)}), got {spec!r}"
+    )
 
 
 def _rank_main(rank: int, cfg: RunConfig, port: int, results, progress) -> None:
@@ -245,7 +275,7 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
         pending: tuple[int, list[int], str] | None = None
         prev_counts: list[int] = []
         for t in range(cfg.steps + 1):
-            if fault is not None and fault == (rank, ep, t):
+            if fault is not None and fault.kind == "die" and fault.at(rank, ep, t):
                 os._exit(17)  # the documented test hook: this rank dies here
             count = churn.count(t) if t < cfg.steps else 0
             message = [count, count, 1] + (
@@ -261,7 +291,8 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
                 if failure is not None and failure.rank is not None:
                     texts: list[Any] = [None] * world
                     dist.all_gather_object(texts, ptext)
-                    failure.detail = f"{failure.detail}: {texts[failure.rank]}"
+                    if texts[failure.rank]:
+                        failure.detail = f"{failure.detail}: {texts[failure.rank]}"
                 if failure is not None:
                     break
                 steps_done[ep] += 1
@@ -289,6 +320,8 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
                 wants_device,
                 attn_rank=attn_rank,
             )
+            if fault is not None and fault.kind == "skew" and fault.at(rank, ep, t):
+                decision[DECISION.index(fault.field)] += 1  # the test hook
             pending = (t, decision, text)
             prev_counts = counts
         if failure is not None:
@@ -500,6 +533,7 @@ def _dead(procs) -> str:
 def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
     """Run the harness; raises :class:`CannotRun` for exit-2 conditions."""
     cfg.validate()
+    _fault()  # a bad test hook is refused here, in one line
     from sglang_dspark_dp import adapter
     from sglang_dspark_dp.outcome import DidNotEnable
     from sglang_dspark_dp.package import installed_sglang_version

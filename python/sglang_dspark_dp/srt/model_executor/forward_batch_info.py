@@ -22,10 +22,15 @@ Hot-path rules (it runs on every rank at every decode step):
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from sglang_dspark_dp.adapter import base as memory
+
+logger = logging.getLogger("sglang_dspark_dp")
 
 #: Field groups :func:`derive_draft_dp_metadata` can write.
 UNSCALED = "unscaled"  # original_global_num_tokens_cpu
@@ -92,7 +97,11 @@ class DraftDPBuffers:
     that event has long completed unless the host runs more than a whole
     step ahead of the GPU, and only then does the host wait for it
     (``host_waits`` counts those waits). On a device without pinned memory
-    (CPU) the copy is synchronous and no event is needed.
+    (CPU) the copy is synchronous and no event is needed. The host buffers
+    of a CUDA device are asked for page-locked and checked to be so
+    (``pinned``): from pageable memory a "non-blocking" copy makes the host
+    wait, the stall this path exists to remove, so a buffer that comes back
+    pageable is said in a warning, never silently.
 
     Steady state: a write whose inputs equal the previous write's issues no
     device work at all, provided nothing wrote the tensor in place since
@@ -115,6 +124,7 @@ class DraftDPBuffers:
         "_events",
         "_next",
         "_pin",
+        "pinned",
         "_event_factory",
         "_want",
         "_seen",
@@ -142,7 +152,9 @@ class DraftDPBuffers:
         self._hosts: list[tuple[torch.Tensor, Any, Any]] = []
         self._events: list[Any] = []
         self._next = 0
-        self._pin = self.device.type == "cuda"
+        self._pin = memory.pins_host_memory(self.device)
+        #: Whether every host buffer is page-locked (None: none made yet).
+        self.pinned: bool | None = None
         if event_factory is None and self._pin:
             event_factory = torch.cuda.Event
         self._event_factory = event_factory
@@ -161,9 +173,17 @@ class DraftDPBuffers:
             dev = torch.zeros(1 + 2 * dp, dtype=torch.int64, device=self.device)
             self._hosts = []
             for _ in range(self.DEPTH):
-                host = torch.zeros(1 + 2 * dp, dtype=torch.int64, pin_memory=self._pin)
+                host = memory.host_buffer(1 + 2 * dp, torch.int64, pinned=self._pin)
                 words = host.numpy()
                 self._hosts.append((host, words, words.view(np.int32)))
+        self.pinned = all(memory.is_pinned(h[0]) for h in self._hosts)
+        if self._pin and not self.pinned:
+            logger.warning(
+                "sglang-dspark-dp: draft-batch: the fill's host buffers for %s "
+                "are pageable although page-locked memory was asked for: each "
+                "changed step's copy makes the host wait for the GPU",
+                self.device,
+            )
         self._events = [None] * self.DEPTH
         self._next = 0
         self._dev = dev
@@ -171,6 +191,10 @@ class DraftDPBuffers:
         self.non_padded = dev[:1].view(torch.int32)[0]
         self.rows = (dev[1 : 1 + dp], dev[1 + dp :])
         self._seen = None
+
+    def host_tensors(self) -> list[torch.Tensor]:
+        """The host buffers the copies come from (to check their memory)."""
+        return [h[0] for h in self._hosts]
 
     def update(
         self,
@@ -218,7 +242,7 @@ class DraftDPBuffers:
             if event is None:
                 event = self._events[idx] = self._event_factory()
             if self._pin:
-                event.record(torch.cuda.current_stream(self.device))
+                event.record(memory.current_stream(self.device))
             else:
                 event.record()
         self._next = (idx + 1) % self.DEPTH

@@ -354,6 +354,13 @@ def proposer_buffers(proposer: Any) -> DraftDPBuffers:
     return buffers
 
 
+def held_buffers(proposer: Any) -> DraftDPBuffers | None:
+    """The buffers the repaired fill made for ``proposer`` (None: none yet,
+    or the fill that ran was stock's)."""
+    held = proposer.__dict__.get(_BUFFERS_ATTR)
+    return None if held is None else held[1]
+
+
 def make_fill_hook(plan: RepairPlan, names: DraftDPFieldNames, api: SGLangAPI):
     """The AROUND hook for ``DraftBlockProposer._fill_dp_moe_sync_metadata``.
 
