@@ -168,8 +168,6 @@ def test_every_link_between_the_pages_resolves():
             file, _, anchor = target.partition("#")
             dest = (page.parent / file).resolve() if file else page
             where = f"{page.relative_to(ROOT)}: ({target})"
-            if dest.name == "promises.md" and not dest.exists():
-                continue  # docs/promises.md comes with issue 38's branch
             if not dest.exists():
                 wrong.append(f"{where}: no {dest}")
             elif anchor and anchor not in anchors(dest):
