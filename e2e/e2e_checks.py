@@ -704,9 +704,17 @@ def cmd_ready(a: argparse.Namespace):
 
 
 def cmd_report(a: argparse.Namespace) -> tuple[bool, str]:
-    paths = [Path(p) for p in (a.merge or [])]
-    if Path(a.results).exists():
-        paths.append(Path(a.results))
+    """The table of the rows files given, in their order, and nothing else:
+    an ``e2e_results.json`` an earlier report wrote is overwritten, never
+    read (2026-12-07: a report after call 7 read call 6's and kept its
+    "not run" lossless rows over the new ones)."""
+    if not a.results:
+        raise ValueError("report needs --results (the merged JSON to write)")
+    paths = [Path(p) for p in a.merge]
+    if Path(a.results).resolve() in {p.resolve() for p in paths}:
+        raise ValueError(
+            f"--merge {a.results}: the report's own output is no rows file"
+        )
     data = merge_results(paths)
     for kv in a.meta or []:
         key, _, value = kv.partition("=")
@@ -789,10 +797,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--evidence", default="")
     s = add("ready", cmd_ready, "server-ready seconds of every part")
     s.add_argument("--merge", nargs="+", required=True)
-    s = add("report", cmd_report, "merge rows, write the markdown summary")
+    s = add("report", cmd_report, "the rows files' rows as one table (json + md)")
     s.add_argument("--md", required=True)
     s.add_argument("--meta", action="append", help="KEY=VALUE")
-    s.add_argument("--merge", nargs="*", help="results files of other parts")
+    s.add_argument(
+        "--merge",
+        nargs="+",
+        required=True,
+        help="rows files, a later one's row replacing an earlier's of the same name",
+    )
     return p
 
 

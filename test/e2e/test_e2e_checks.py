@@ -106,8 +106,8 @@ def test_record_replaces_row_and_renders(tmp_path):
 
 
 def test_cli_record_and_report(tmp_path):
-    results, md = tmp_path / "r.json", tmp_path / "r.md"
-    run = [sys.executable, str(SCRIPT), "--results", str(results)]
+    rows, md = tmp_path / "rows.json", tmp_path / "r.md"
+    run = [sys.executable, str(SCRIPT), "--results", str(rows)]
     rc = subprocess.run(
         [
             *run,
@@ -129,9 +129,9 @@ def test_cli_record_and_report(tmp_path):
         capture_output=True,
     )
     assert rc.returncode == 1
-    rc = subprocess.run(
-        [*run, "report", "--md", str(md), "--meta", "gpus=2"], capture_output=True
-    )
+    report = [sys.executable, str(SCRIPT), "--results", str(tmp_path / "r.json")]
+    report += ["report", "--md", str(md), "--meta", "gpus=2", "--merge", str(rows)]
+    rc = subprocess.run(report, capture_output=True)
     assert rc.returncode == 1  # one failed row
     text = md.read_text()
     assert "| c1 | not run | no GPUs |" in text and "| graphs | failed |" in text
@@ -413,3 +413,54 @@ def test_ready_seconds_of_every_part(tmp_path):
     c = tmp_path / "c.json"
     ec.record(c, "nospec: /health (server ready)", ec.FAILED, "exited")
     assert not ec.cmd_ready(SimpleNamespace(merge=[str(c)]))[0]
+
+
+def _report(out: Path, md: Path, *rows: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--results", str(out), "report", "--md", str(md),
+         "--merge", *map(str, rows), "--meta", "gpus=1"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_a_later_report_is_built_from_its_rows_files_only(tmp_path):
+    """2026-12-07's calls 6 and 7 on one machine: call 6 (plugin off, then
+    report) wrote the lossless rows as not run, the no-spec server not having
+    run yet; call 7 (no-spec, then report) rewrote rows-report.json with the
+    real lossless rows. The second report must show those, not the first
+    report's rows kept in the e2e_results.json it wrote."""
+    dspark, off = tmp_path / "rows-dspark.json", tmp_path / "rows-noplugin.json"
+    nospec, rep = tmp_path / "rows-nospec.json", tmp_path / "rows-report.json"
+    out, md = tmp_path / "e2e_results.json", tmp_path / "e2e_results.md"
+    lossless = "lossless: DSpark + plugin greedy == no-spec greedy"
+    ec.record(dspark, "dspark: /health (server ready)", ec.SEEN, "200 after 77 s")
+    ec.record(off, "noplugin: /health (server ready)", ec.SEEN, "200 after 50 s")
+    # Call 6: the report with no no-spec server yet.
+    ec.record(
+        rep, lossless, ec.NOT_RUN, "greedy_dspark.json or greedy_nospec.json missing"
+    )
+    ec.record(rep, "old row, gone from every rows file", ec.SEEN, "call 6 only")
+    assert _report(out, md, dspark, off, rep).returncode == 0
+    # Call 7: run_e2e.sh's report part removes and rewrites rows-report.json.
+    rep.unlink()
+    ec.record(nospec, "nospec: /health (server ready)", ec.SEEN, "200 after 60 s")
+    ec.record(rep, lossless, ec.FAILED, "5/20 prompts identical (960 output tokens)")
+    done = _report(out, md, dspark, off, nospec, rep)
+    assert done.returncode == 1, done.stdout  # the lossless row failed
+    rows = {r["check"]: r for r in json.loads(out.read_text())["checks"]}
+    assert rows[lossless]["status"] == ec.FAILED
+    assert rows[lossless]["evidence"].startswith("5/20 prompts identical")
+    assert "old row, gone from every rows file" not in rows
+    assert list(rows) == [
+        "dspark: /health (server ready)",
+        "noplugin: /health (server ready)",
+        "nospec: /health (server ready)",
+        lossless,
+    ]
+    text = md.read_text()
+    assert f"| {lossless} | failed | 5/20" in text and "not run" not in text
+    # Its own output given as a rows file: one line naming it, nothing written.
+    done = _report(out, md, rep, out)
+    assert done.returncode == 1 and f"--merge {out}" in done.stdout
+    assert len(done.stdout.splitlines()) == 1 and done.stderr == ""
+    assert rows == {r["check"]: r for r in json.loads(out.read_text())["checks"]}
