@@ -13,6 +13,7 @@ import argparse
 import json
 import random
 import re
+import socket
 import statistics
 import sys
 import time
@@ -521,6 +522,62 @@ def _meta(meta: dict) -> dict:
     return {k: meta[k] for k in keep if k in meta}
 
 
+# ---------------------------------------------------------------- the port
+
+#: What a port on the loopback looks like to a server about to bind it.
+PORT_FREE, PORT_TIME_WAIT = "free", "free but closing (TIME_WAIT)"
+PORT_LISTENER = "taken: a listener answers"
+PORT_NO_LISTENER = (
+    "taken: no listener (a socket bound, or closing without SO_REUSEADDR)"
+)
+
+
+def _binds(host: str, port: int, reuse: bool) -> bool:
+    with socket.socket() as s:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def port_state(port: int, host: str = "127.0.0.1") -> str:
+    """The port as the server sees it. SGLang's own port check and the HTTP
+    server's listener (asyncio's ``create_server``) bind with
+    ``SO_REUSEADDR``; on Linux a listener blocks such a bind, and a socket
+    in TIME_WAIT does not when it had ``SO_REUSEADDR`` too, as a stopped
+    server's connections did (they stay in TIME_WAIT up to a minute). A
+    plain bind tells TIME_WAIT from free, a connect a listener from a
+    socket that only holds the port."""
+    if _binds(host, port, reuse=True):
+        return PORT_FREE if _binds(host, port, reuse=False) else PORT_TIME_WAIT
+    with socket.socket() as s:
+        s.settimeout(2)
+        return PORT_LISTENER if s.connect_ex((host, port)) == 0 else PORT_NO_LISTENER
+
+
+def wait_port(
+    port: int, wait: float, poll: float = 0.5, host: str = "127.0.0.1"
+) -> tuple[bool, str, dict[str, Any]]:
+    """Whether a server can bind ``port``, waiting up to ``wait`` seconds
+    for one that is taken to close (a stopped server's last process)."""
+    start = time.monotonic()
+    polls, state = 0, port_state(port, host)
+    while state.startswith("taken") and time.monotonic() - start < wait:
+        time.sleep(poll)
+        polls, state = polls + 1, port_state(port, host)
+    waited = time.monotonic() - start
+    ok = not state.startswith("taken")
+    ev = f"port {port}: {state}" + (
+        f" after {polls} polls ({waited:.1f} s, waiting up to {wait:g} s)"
+        if polls
+        else ""
+    )
+    return ok, ev, {"state": state, "polls": polls}
+
+
 # ---------------------------------------------------------------- commands
 
 
@@ -661,6 +718,12 @@ def cmd_expect_crash(a: argparse.Namespace) -> tuple[bool, str]:
     return ok, f"health passed: {a.healthy}; {line}"
 
 
+def cmd_port(a: argparse.Namespace):
+    if a.wait < 0:
+        raise ValueError(f"--wait {a.wait:g}: seconds, at least 0")
+    return wait_port(a.port, a.wait)
+
+
 def cmd_server_args(a: argparse.Namespace) -> tuple[bool, str]:
     args = server_args(
         a.gpus,
@@ -785,6 +848,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log", required=True)
     s.add_argument("--pattern", default=PLUGIN_CRASH)
     s.add_argument("--healthy", choices=["yes", "no"], required=True)
+    s = add(
+        "port", cmd_port, "a server can bind the port (TIME_WAIT can; a listener not)"
+    )
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--wait", type=float, default=20, help="seconds for a port to close")
     s = add("server-args", cmd_server_args, "print the sglang serve arguments")
     s.add_argument("--gpus", type=int, required=True)
     s.add_argument("--spec", choices=["yes", "no"], required=True)

@@ -49,6 +49,7 @@ ROUNDS=3
 DOCTOR=1
 PARTS=()
 HEALTH_TIMEOUT="${E2E_HEALTH_TIMEOUT:-420}"
+PORT_WAIT="${E2E_PORT_WAIT:-20}"
 GRACE=20
 
 while (($#)); do
@@ -175,16 +176,17 @@ start_server() {  # start_server LOG SPEC(yes|no) [env KEY=VAL ...]
   echo "$SERVER_PID" >"$PGID_FILE"
 }
 
-# port_taken: something already listens on PORT (a server an earlier, cut
-# call left running would answer this part's checks in its place).
+# port_taken: something still listens on PORT after up to PORT_WAIT s (a
+# server an earlier, cut call left running would answer this part's checks
+# in its place). A port in TIME_WAIT (the previous part's server stopped a
+# moment ago) is not taken: the server binds with SO_REUSEADDR, and so does
+# the check (e2e_checks.port_state). PORT_WHY: what the check saw.
+PORT_WHY=""
 port_taken() {
-  "$PY" -c 'import socket, sys
-s = socket.socket()
-try:
-    s.bind(("127.0.0.1", int(sys.argv[1])))
-except OSError:
-    sys.exit(0)
-sys.exit(1)' "$PORT"
+  local rc=0
+  PORT_WHY="$(checks port --port "$PORT" --wait "$PORT_WAIT")" || rc=$?
+  echo "run_e2e.sh: $PORT_WHY" >&2
+  ((rc != 0))
 }
 
 # bench_rounds PART N: N sglang.benchmark.serving rounds (arguments:
@@ -210,7 +212,7 @@ run_part() {
   if port_taken; then
     echo "run_e2e.sh: port $PORT is already in use (a server left by an earlier call?);" \
       "not starting $part, whose checks would reach that server instead" >&2
-    not_run "$part" "port $PORT was already in use by another process" \
+    not_run "$part" "port $PORT was already in use by another process (${PORT_WHY#*: })" \
       "/health (server ready)" "plugin log lines" "CUDA graph capture" \
       "streaming request 200" "32 concurrent requests 200" "greedy outputs"
     pack "$part"
@@ -270,7 +272,8 @@ warmup() {
   stop_stale
   if port_taken; then
     echo "run_e2e.sh: port $PORT is already in use; no warm-up server started" >&2
-    not_run warmup "port $PORT was already in use by another process" "/health (server ready)"
+    not_run warmup "port $PORT was already in use by another process (${PORT_WHY#*: })" \
+      "/health (server ready)"
     pack warmup
     return 1
   fi

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -464,3 +465,82 @@ def test_a_later_report_is_built_from_its_rows_files_only(tmp_path):
     assert done.returncode == 1 and f"--merge {out}" in done.stdout
     assert len(done.stdout.splitlines()) == 1 and done.stderr == ""
     assert rows == {r["check"]: r for r in json.loads(out.read_text())["checks"]}
+
+
+def _plain_bind_refused(port: int) -> bool:
+    """What run_e2e.sh's port check did until 2026-12-07: a bind without
+    SO_REUSEADDR."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+        return False
+
+
+def test_a_port_in_time_wait_is_free_for_the_server_and_a_listener_is_not(
+    time_wait_port,
+):
+    port = time_wait_port()
+    assert _plain_bind_refused(port)  # the old check called this port taken
+    assert ec.port_state(port) == ec.PORT_TIME_WAIT
+    ok, why, values = ec.wait_port(port, wait=5)
+    assert ok and values["polls"] == 0 and "TIME_WAIT" in why
+    with socket.socket() as lst:
+        lst.bind(("127.0.0.1", 0))
+        lst.listen()
+        held = lst.getsockname()[1]
+        assert ec.port_state(held) == ec.PORT_LISTENER
+        ok, why, values = ec.wait_port(held, wait=0.3, poll=0.1)
+        assert not ok and values["polls"] >= 1
+        assert f"port {held}: taken: a listener answers after" in why
+    with socket.socket() as bound:  # bound, never listening
+        bound.bind(("127.0.0.1", 0))
+        assert ec.port_state(bound.getsockname()[1]) == ec.PORT_NO_LISTENER
+    assert ec.port_state(held) == ec.PORT_FREE
+    # TIME_WAIT of a socket without SO_REUSEADDR blocks the server's bind
+    # too (Linux): taken, until it closes.
+    assert ec.port_state(time_wait_port(reuse=False)) == ec.PORT_NO_LISTENER
+
+
+def test_the_port_check_waits_for_a_listener_that_closes():
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen()
+    port = lst.getsockname()[1]
+    polls = []
+
+    def state(p: int, host: str = "127.0.0.1") -> str:
+        polls.append(p)
+        if len(polls) == 3:  # the stopped server's last process exits
+            lst.close()
+        return real(p, host)
+
+    real = ec.port_state
+    ec.port_state = state
+    try:
+        ok, why, values = ec.wait_port(port, wait=60, poll=0.01)
+    finally:
+        ec.port_state = real
+        lst.close()
+    assert ok and values["polls"] == 2, why
+    assert values["state"] == ec.PORT_FREE and "after 2 polls" in why
+
+
+def test_port_cli_exit_status_and_bad_wait(time_wait_port):
+    run = [sys.executable, str(SCRIPT), "port", "--port"]
+    with socket.socket() as lst:
+        lst.bind(("127.0.0.1", 0))
+        lst.listen()
+        held = str(lst.getsockname()[1])
+        done = subprocess.run(
+            [*run, held, "--wait", "0"], capture_output=True, text=True
+        )
+        assert done.returncode == 1 and "taken: a listener answers" in done.stdout
+    port = str(time_wait_port())
+    done = subprocess.run([*run, port, "--wait", "0"], capture_output=True, text=True)
+    assert done.returncode == 0 and "TIME_WAIT" in done.stdout
+    done = subprocess.run([*run, port, "--wait", "-1"], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout.strip().endswith(
+        "--wait -1: seconds, at least 0"
+    )
