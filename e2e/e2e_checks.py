@@ -590,7 +590,10 @@ def _load(path: str) -> Any:
 
 
 def cmd_health(a: argparse.Namespace):
-    return wait_health(a.url, a.timeout, a.pid)
+    ok, ev, values = wait_health(a.url, a.timeout, a.pid)
+    if ok and a.variant:
+        values["variant"] = a.variant
+    return ok, ev, values
 
 
 def cmd_capture(a: argparse.Namespace) -> tuple[bool, str]:
@@ -750,20 +753,81 @@ def merge_results(paths: list[Path]) -> dict[str, Any]:
     return merged
 
 
-def cmd_ready(a: argparse.Namespace):
-    """Server-ready seconds of each part, from its /health row."""
-    data = merge_results([Path(p) for p in a.merge])
-    ready = {
-        r["check"].split(":")[0]: r["values"]["ready_s"]
-        for r in data["checks"]
-        if "ready_s" in r.get("values", {})
+#: The variant of a server part whose /health row names none (rows files
+#: written before 2026-12-07's warm-up of both kernel sets).
+PART_VARIANT = {"dspark": "on", "noplugin": "off", "nospec": "nospec"}
+
+
+def ready_servers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every server that became ready: its row's part, variant (plugin
+    ``on``, ``off``, or ``nospec``) and seconds to /health."""
+    out = []
+    for r in rows:
+        values = r.get("values", {})
+        if "ready_s" not in values:
+            continue
+        part = r["check"].split(":")[0]
+        variant = values.get("variant") or PART_VARIANT.get(part, part)
+        out.append({"part": part, "variant": variant, "ready_s": values["ready_s"]})
+    return out
+
+
+def ready_difference(servers: list[dict[str, Any]]) -> tuple[str, str, dict[str, Any]]:
+    """Plugin on minus plugin off, the medians of their servers' ready
+    seconds, against the spread between servers of one variant (the widest
+    max - min of on or off): a start-up cost of the plugin shows only as a
+    difference wider than two identical servers differ. With one server per
+    variant there is no spread to compare with: not run."""
+    by = {
+        v: sorted(s["ready_s"] for s in servers if s["variant"] == v)
+        for v in ("on", "off")
     }
-    if not ready:
+    if not by["on"] or not by["off"]:
+        missing = " and ".join(f"plugin {v}" for v in ("on", "off") if not by[v])
+        return NOT_RUN, f"no ready {missing} server", {}
+    diff = statistics.median(by["on"]) - statistics.median(by["off"])
+    spreads = {v: x[-1] - x[0] for v, x in by.items() if len(x) > 1}
+    shown = "; ".join(
+        f"plugin {v}: " + ", ".join(f"{x:.1f}" for x in xs) + " s"
+        for v, xs in by.items()
+    )
+    values: dict[str, Any] = {"on_minus_off_s": round(diff, 2), "ready_s": by}
+    ev = f"plugin on - off {diff:+.1f} s (medians; {shown})"
+    if not spreads:
+        return (
+            NOT_RUN,
+            ev + "; one server per variant, so no spread between same-variant "
+            "servers to compare with (the restart part starts more)",
+            values,
+        )
+    spread = max(spreads.values())
+    within = abs(diff) <= spread
+    values.update(spread_s=round(spread, 2), within=within)
+    ev += (
+        f"; same-variant spread {spread:.1f} s ("
+        + ", ".join(f"{v} {x:.1f}" for v, x in spreads.items())
+        + "): "
+        + ("within" if within else "OUTSIDE")
+    )
+    return (SEEN if within else FAILED), ev, values
+
+
+def cmd_ready(a: argparse.Namespace):
+    """Server-ready seconds of each server, from its /health row."""
+    servers = ready_servers(merge_results([Path(p) for p in a.merge])["checks"])
+    if not servers:
         return False, "no server became ready", {}
-    ev = ", ".join(f"{k} {v:.0f} s" for k, v in ready.items())
-    if "dspark" in ready and "noplugin" in ready:
-        ev += f"; plugin on - off: {ready['dspark'] - ready['noplugin']:+.0f} s"
-    return True, ev, {"ready_s": ready}
+    ev = ", ".join(
+        f"{s['part']} ({s['variant']}) {s['ready_s']:.0f} s" for s in servers
+    )
+    return True, ev, {"servers": servers}
+
+
+def cmd_ready_diff(a: argparse.Namespace):
+    status, ev, values = ready_difference(
+        ready_servers(merge_results([Path(p) for p in a.merge])["checks"])
+    )
+    return status, ev, values
 
 
 def cmd_report(a: argparse.Namespace) -> tuple[bool, str]:
@@ -803,6 +867,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--url", required=True)
     s.add_argument("--timeout", type=float, default=1200)
     s.add_argument("--pid", type=int)
+    s.add_argument("--variant", choices=["on", "off", "nospec"], help="plugin on/off")
     s = add("capture", cmd_capture, "target + draft CUDA-graph capture ended")
     s.add_argument("--log", required=True)
     s.add_argument(
@@ -863,7 +928,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("record", lambda a: (a.status != FAILED, a.evidence), "record a row")
     s.add_argument("--status", choices=[SEEN, FAILED, NOT_RUN], required=True)
     s.add_argument("--evidence", default="")
-    s = add("ready", cmd_ready, "server-ready seconds of every part")
+    s = add("ready", cmd_ready, "server-ready seconds of every server")
+    s.add_argument("--merge", nargs="+", required=True)
+    s = add(
+        "ready-diff", cmd_ready_diff, "ready: plugin on - off vs same-variant spread"
+    )
     s.add_argument("--merge", nargs="+", required=True)
     s = add("report", cmd_report, "the rows files' rows as one table (json + md)")
     s.add_argument("--md", required=True)
@@ -880,19 +949,30 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     values: dict[str, Any] = {}
+    status = None  # a check may name its row's status (not run) instead of ok
     try:
         out = args.fn(args)
         ok, evidence = out[0], out[1]
+        if isinstance(ok, str):
+            status, ok = ok, ok != FAILED
         if len(out) > 2:
             values = out[2]
     except Exception as exc:  # a check that crashes is a failed check
         ok, evidence = False, f"{type(exc).__name__}: {exc}"
     if args.cmd in ("server-args", "bench-args"):
         return 0 if ok else 1
-    print(f"[{'ok' if ok else 'FAIL'}] {args.cmd}: {evidence}")
+    shown = "not run" if status == NOT_RUN else ("ok" if ok else "FAIL")
+    print(f"[{shown}] {args.cmd}: {evidence}")
     if args.results and args.cmd not in ("report",):
-        status = args.status if args.cmd == "record" else (SEEN if ok else FAILED)
-        record(Path(args.results), args.check or args.cmd, status, evidence, values)
+        if args.cmd == "record":
+            status = args.status
+        record(
+            Path(args.results),
+            args.check or args.cmd,
+            status or (SEEN if ok else FAILED),
+            evidence,
+            values,
+        )
     return 0 if ok else 1
 
 

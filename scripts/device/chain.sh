@@ -9,7 +9,7 @@
 #   smoke              import the server's modules with both sites
 #   e2e:PARTS[:GPUS[:ROUNDS]]
 #                      e2e/run_e2e.sh --only each of PARTS (comma list of
-#                      dspark,noplugin,nospec,report,warmup), SGLang 0.5.17,
+#                      dspark,noplugin,nospec,report,warmup,restart), 0.5.17,
 #                      GPUS (default 1), ROUNDS bench_serving rounds per
 #                      server (default 3); results under /tmp/e2e, packed to $OUT
 #   fill:N             N back-to-back bench_fill.py compare runs (0.5.16 and

@@ -408,12 +408,74 @@ def test_ready_seconds_of_every_part(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     ec.record(a, "dspark: /health (server ready)", ec.SEEN, "x", {"ready_s": 144.0})
     ec.record(b, "noplugin: /health (server ready)", ec.SEEN, "x", {"ready_s": 57.0})
+    ec.record(
+        b, "restart: /health (server ready, plugin off)", ec.SEEN, "x",
+        {"ready_s": 60.0, "variant": "off"},
+    )  # fmt: skip
     ok, why, values = ec.cmd_ready(SimpleNamespace(merge=[str(a), str(b)]))
-    assert ok and values["ready_s"] == {"dspark": 144.0, "noplugin": 57.0}
-    assert "plugin on - off: +87 s" in why
+    assert ok and [(s["part"], s["variant"]) for s in values["servers"]] == [
+        ("dspark", "on"),
+        ("noplugin", "off"),
+        ("restart", "off"),
+    ]
+    assert why == "dspark (on) 144 s, noplugin (off) 57 s, restart (off) 60 s"
     c = tmp_path / "c.json"
     ec.record(c, "nospec: /health (server ready)", ec.FAILED, "exited")
     assert not ec.cmd_ready(SimpleNamespace(merge=[str(c)]))[0]
+
+
+def _servers(**by_variant: list[float]) -> list[dict]:
+    return [
+        {"part": f"p{i}", "variant": v, "ready_s": x}
+        for v, xs in by_variant.items()
+        for i, x in enumerate(xs)
+    ]
+
+
+def test_ready_difference_within_the_same_variant_spread():
+    """2026-12-07's start-up A/B on an H200 (warm servers; on, off,
+    disabled, on, off): on 80.2 and 77.4 s, off 75.9 and 69.1 s. On - off
+    is +6.3 s (medians), two off servers differ by 6.8 s: within."""
+    status, why, values = ec.ready_difference(
+        _servers(on=[80.2, 77.4], off=[75.9, 69.1], nospec=[60.0])
+    )
+    assert status == ec.SEEN and values["within"] is True
+    assert values["on_minus_off_s"] == 6.3 and values["spread_s"] == 6.8
+    assert "plugin on - off +6.3 s" in why and "spread 6.8 s" in why
+    assert "within" in why and "60.0" not in why  # no-spec is no variant of these
+    # 2026-12-07's H100 e2e (the plugin server first after a plugin-off
+    # warm-up: it compiled its kernels): +27 s, with a restart pair that
+    # differs as the A/B's did, is outside.
+    status, why, values = ec.ready_difference(
+        _servers(on=[77.0, 80.0], off=[50.0, 55.0])
+    )
+    assert status == ec.FAILED and "OUTSIDE" in why
+    assert values["on_minus_off_s"] == 26.0 and values["spread_s"] == 5.0
+
+
+def test_ready_difference_needs_a_spread_and_both_variants():
+    status, why, values = ec.ready_difference(_servers(on=[77.0], off=[50.0]))
+    assert status == ec.NOT_RUN and "one server per variant" in why
+    assert values["on_minus_off_s"] == 27.0 and "within" not in values
+    status, why, _ = ec.ready_difference(_servers(off=[50.0, 52.0]))
+    assert status == ec.NOT_RUN and why == "no ready plugin on server"
+
+
+def test_ready_diff_cli_records_not_run(tmp_path):
+    rows, out = tmp_path / "rows.json", tmp_path / "rows-report.json"
+    ec.record(
+        rows, "dspark: /health (server ready)", ec.SEEN, "x",
+        {"ready_s": 77.0, "variant": "on"},
+    )  # fmt: skip
+    ec.record(rows, "noplugin: /health (server ready)", ec.SEEN, "x", {"ready_s": 50.0})
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--results", str(out), "--check", "ready diff",
+         "ready-diff", "--merge", str(rows)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("[not run] ready-diff: ")
+    row = json.loads(out.read_text())["checks"][0]
+    assert row["status"] == ec.NOT_RUN and row["values"]["on_minus_off_s"] == 27.0
 
 
 def _report(out: Path, md: Path, *rows: Path) -> subprocess.CompletedProcess:

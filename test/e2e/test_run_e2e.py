@@ -105,11 +105,11 @@ def test_a_server_left_by_a_cut_call_is_stopped_before_the_port_check(tmp_path):
         assert done.returncode == 1, done.stderr[-2000:]
         rows = json.loads((out / "rows-warmup.json").read_text())["checks"]
         assert [(r["check"], r["status"]) for r in rows] == [
-            ("warmup: /health (server ready)", "not run")
+            ("warmup: /health (server ready, plugin off)", "not run")
         ]
         assert f"port {port} was already in use" in rows[0]["evidence"]
         assert "taken: a listener answers after" in rows[0]["evidence"]
-        assert not (out / "server_warmup.log").exists()
+        assert not list(out.glob("server_*.log"))
         doctor = json.loads((out / "doctor.json").read_text())
         assert doctor == {"repairs": ["draft-batch"]}
         assert "draft-batch: enabled" in (out / "doctor.log").read_text()
@@ -160,8 +160,14 @@ def test_a_port_in_time_wait_is_not_refused(tmp_path, time_wait_port):
         done.stderr
     ), done.stderr[-2000:]
     assert "already in use" not in done.stderr
-    assert "stand-in server: started" in (out / "server_warmup.log").read_text()
     rows = json.loads((out / "rows-warmup.json").read_text())["checks"]
+    # Both kernel sets: a plugin-off server, then a plugin-on one.
     assert [(r["check"], r["status"]) for r in rows] == [
-        ("warmup: /health (server ready)", "failed")
+        ("warmup: /health (server ready, plugin off)", "failed"),
+        ("warmup: /health (server ready, plugin on)", "failed"),
     ]
+    for variant, plugins in (("off", "SGLANG_PLUGINS=e2e_init "), ("on", "")):
+        log = (out / f"server_warmup_{variant}.log").read_text()
+        assert "stand-in server: started" in log
+        assert log.startswith(f"+ {plugins}sglang serve "), log
+        assert "--speculative-algorithm DSPARK" in log
