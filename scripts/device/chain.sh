@@ -14,6 +14,9 @@
 #                      server (default 3); results under /tmp/e2e, packed to $OUT
 #   fill:N             N back-to-back bench_fill.py compare runs (0.5.16 and
 #                      0.5.17, stock and plugin) into $OUT/fill-runK.json
+#   census             the files written under $HOME and /tmp since the first
+#                      call, by cache folder, with their times (jit_census.py),
+#                      into $OUT/jit-census.txt
 # Everything is logged to $OUT/chain.log as well.
 set -uo pipefail
 
@@ -26,6 +29,8 @@ exec > >(tee -a "$OUTDIR/chain.log") 2>&1
 export PYTHONUNBUFFERED=1
 
 t0=$SECONDS
+# The first call's start: jit_census.py counts the files written since.
+[[ -e /tmp/dsdp-chain-start ]] || touch /tmp/dsdp-chain-start
 echo "== $(date -u +%FT%TZ) chain.sh $*"
 "$PY" scripts/device/unpack.py
 unpacked=$?
@@ -63,6 +68,9 @@ for step in "$@"; do
           --site "0.5.16=$s16" --site "0.5.17=$s17" --modes stock plugin \
           | tail -12 || status=1
       done
+      ;;
+    census)
+      "$PY" scripts/device/jit_census.py --out "$OUTDIR/jit-census.txt" || status=1
       ;;
     *) echo "unknown step: $step"; status=2 ;;
   esac
