@@ -451,6 +451,15 @@ def test_ready_difference_within_the_same_variant_spread():
     )
     assert status == ec.FAILED and "OUTSIDE" in why
     assert values["on_minus_off_s"] == 26.0 and values["spread_s"] == 5.0
+    # Just outside: +6.0 s against a spread of 5.0 s.
+    status, why, values = ec.ready_difference(
+        _servers(on=[77.0, 80.0], off=[70.0, 75.0])
+    )
+    assert status == ec.FAILED and values["on_minus_off_s"] == 6.0
+    assert values["spread_s"] == 5.0 and values["within"] is False
+    # On the edge: within.
+    status, _, values = ec.ready_difference(_servers(on=[77.0, 80.0], off=[73.5, 78.5]))
+    assert status == ec.SEEN and values["on_minus_off_s"] == 2.5
 
 
 def test_ready_difference_needs_a_spread_and_both_variants():
