@@ -14,6 +14,9 @@
 #                      server (default 3); results under /tmp/e2e, packed to $OUT
 #   fill:N             N back-to-back bench_fill.py compare runs (0.5.16 and
 #                      0.5.17, stock and plugin) into $OUT/fill-runK.json
+#   jitprobe:DIR       DIR (a cache folder, ~ for $HOME) moved aside, then a
+#                      plugin-off server to /health (run_e2e.sh's restart
+#                      part), then DIR put back: did DIR hold the JIT?
 #   census             the files written under $HOME and /tmp since the first
 #                      call, by cache folder, with their times (jit_census.py),
 #                      into $OUT/jit-census.txt
@@ -68,6 +71,22 @@ for step in "$@"; do
           --site "0.5.16=$s16" --site "0.5.17=$s17" --modes stock plugin \
           | tail -12 || status=1
       done
+      ;;
+    jitprobe:*)
+      # One cache folder moved aside, then a plugin-off server to /health:
+      # its ready seconds and capture times say whether that folder held the
+      # first server's JIT. The folder is put back afterwards.
+      d="${step#jitprobe:}"
+      d="${d/#\~/$HOME}"
+      if [[ -d $d ]]; then
+        rm -rf "$d.aside" && mv "$d" "$d.aside"
+        E2E_RESTART_VARIANTS=off bash e2e/run_e2e.sh --gpus 1 --release 17 --only restart \
+          --no-doctor --out /tmp/e2e-jitprobe --pack-to "$OUTDIR" || status=1
+        du -sh "$d" 2>/dev/null
+        rm -rf "$d" && mv "$d.aside" "$d"
+      else
+        echo "jitprobe: $d: no such folder"; status=1
+      fi
       ;;
     census)
       "$PY" scripts/device/jit_census.py --out "$OUTDIR/jit-census.txt" || status=1
