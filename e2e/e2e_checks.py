@@ -13,6 +13,7 @@ import argparse
 import json
 import random
 import re
+import socket
 import statistics
 import sys
 import time
@@ -521,6 +522,62 @@ def _meta(meta: dict) -> dict:
     return {k: meta[k] for k in keep if k in meta}
 
 
+# ---------------------------------------------------------------- the port
+
+#: What a port on the loopback looks like to a server about to bind it.
+PORT_FREE, PORT_TIME_WAIT = "free", "free but closing (TIME_WAIT)"
+PORT_LISTENER = "taken: a listener answers"
+PORT_NO_LISTENER = (
+    "taken: no listener (a socket bound, or closing without SO_REUSEADDR)"
+)
+
+
+def _binds(host: str, port: int, reuse: bool) -> bool:
+    with socket.socket() as s:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def port_state(port: int, host: str = "127.0.0.1") -> str:
+    """The port as the server sees it. SGLang's own port check and the HTTP
+    server's listener (asyncio's ``create_server``) bind with
+    ``SO_REUSEADDR``; on Linux a listener blocks such a bind, and a socket
+    in TIME_WAIT does not when it had ``SO_REUSEADDR`` too, as a stopped
+    server's connections did (they stay in TIME_WAIT up to a minute). A
+    plain bind tells TIME_WAIT from free, a connect a listener from a
+    socket that only holds the port."""
+    if _binds(host, port, reuse=True):
+        return PORT_FREE if _binds(host, port, reuse=False) else PORT_TIME_WAIT
+    with socket.socket() as s:
+        s.settimeout(2)
+        return PORT_LISTENER if s.connect_ex((host, port)) == 0 else PORT_NO_LISTENER
+
+
+def wait_port(
+    port: int, wait: float, poll: float = 0.5, host: str = "127.0.0.1"
+) -> tuple[bool, str, dict[str, Any]]:
+    """Whether a server can bind ``port``, waiting up to ``wait`` seconds
+    for one that is taken to close (a stopped server's last process)."""
+    start = time.monotonic()
+    polls, state = 0, port_state(port, host)
+    while state.startswith("taken") and time.monotonic() - start < wait:
+        time.sleep(poll)
+        polls, state = polls + 1, port_state(port, host)
+    waited = time.monotonic() - start
+    ok = not state.startswith("taken")
+    ev = f"port {port}: {state}" + (
+        f" after {polls} polls ({waited:.1f} s, waiting up to {wait:g} s)"
+        if polls
+        else ""
+    )
+    return ok, ev, {"state": state, "polls": polls}
+
+
 # ---------------------------------------------------------------- commands
 
 
@@ -533,7 +590,10 @@ def _load(path: str) -> Any:
 
 
 def cmd_health(a: argparse.Namespace):
-    return wait_health(a.url, a.timeout, a.pid)
+    ok, ev, values = wait_health(a.url, a.timeout, a.pid)
+    if ok and a.variant:
+        values["variant"] = a.variant
+    return ok, ev, values
 
 
 def cmd_capture(a: argparse.Namespace) -> tuple[bool, str]:
@@ -661,6 +721,12 @@ def cmd_expect_crash(a: argparse.Namespace) -> tuple[bool, str]:
     return ok, f"health passed: {a.healthy}; {line}"
 
 
+def cmd_port(a: argparse.Namespace):
+    if a.wait < 0:
+        raise ValueError(f"--wait {a.wait:g}: seconds, at least 0")
+    return wait_port(a.port, a.wait)
+
+
 def cmd_server_args(a: argparse.Namespace) -> tuple[bool, str]:
     args = server_args(
         a.gpus,
@@ -687,26 +753,95 @@ def merge_results(paths: list[Path]) -> dict[str, Any]:
     return merged
 
 
-def cmd_ready(a: argparse.Namespace):
-    """Server-ready seconds of each part, from its /health row."""
-    data = merge_results([Path(p) for p in a.merge])
-    ready = {
-        r["check"].split(":")[0]: r["values"]["ready_s"]
-        for r in data["checks"]
-        if "ready_s" in r.get("values", {})
+#: The variant of a server part whose /health row names none (rows files
+#: written before 2026-12-07's warm-up of both kernel sets).
+PART_VARIANT = {"dspark": "on", "noplugin": "off", "nospec": "nospec"}
+
+
+def ready_servers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every server that became ready: its row's part, variant (plugin
+    ``on``, ``off``, or ``nospec``) and seconds to /health."""
+    out = []
+    for r in rows:
+        values = r.get("values", {})
+        if "ready_s" not in values:
+            continue
+        part = r["check"].split(":")[0]
+        variant = values.get("variant") or PART_VARIANT.get(part, part)
+        out.append({"part": part, "variant": variant, "ready_s": values["ready_s"]})
+    return out
+
+
+def ready_difference(servers: list[dict[str, Any]]) -> tuple[str, str, dict[str, Any]]:
+    """Plugin on minus plugin off, the medians of their servers' ready
+    seconds, against the spread between servers of one variant (the widest
+    max - min of on or off): a start-up cost of the plugin shows only as a
+    difference wider than two identical servers differ. With one server per
+    variant there is no spread to compare with: not run."""
+    by = {
+        v: sorted(s["ready_s"] for s in servers if s["variant"] == v)
+        for v in ("on", "off")
     }
-    if not ready:
+    if not by["on"] or not by["off"]:
+        missing = " and ".join(f"plugin {v}" for v in ("on", "off") if not by[v])
+        return NOT_RUN, f"no ready {missing} server", {}
+    diff = statistics.median(by["on"]) - statistics.median(by["off"])
+    spreads = {v: x[-1] - x[0] for v, x in by.items() if len(x) > 1}
+    shown = "; ".join(
+        f"plugin {v}: " + ", ".join(f"{x:.1f}" for x in xs) + " s"
+        for v, xs in by.items()
+    )
+    values: dict[str, Any] = {"on_minus_off_s": round(diff, 2), "ready_s": by}
+    ev = f"plugin on - off {diff:+.1f} s (medians; {shown})"
+    if not spreads:
+        return (
+            NOT_RUN,
+            ev + "; one server per variant, so no spread between same-variant "
+            "servers to compare with (the restart part starts more)",
+            values,
+        )
+    spread = max(spreads.values())
+    within = abs(diff) <= spread
+    values.update(spread_s=round(spread, 2), within=within)
+    ev += (
+        f"; same-variant spread {spread:.1f} s ("
+        + ", ".join(f"{v} {x:.1f}" for v, x in spreads.items())
+        + "): "
+        + ("within" if within else "OUTSIDE")
+    )
+    return (SEEN if within else FAILED), ev, values
+
+
+def cmd_ready(a: argparse.Namespace):
+    """Server-ready seconds of each server, from its /health row."""
+    servers = ready_servers(merge_results([Path(p) for p in a.merge])["checks"])
+    if not servers:
         return False, "no server became ready", {}
-    ev = ", ".join(f"{k} {v:.0f} s" for k, v in ready.items())
-    if "dspark" in ready and "noplugin" in ready:
-        ev += f"; plugin on - off: {ready['dspark'] - ready['noplugin']:+.0f} s"
-    return True, ev, {"ready_s": ready}
+    ev = ", ".join(
+        f"{s['part']} ({s['variant']}) {s['ready_s']:.0f} s" for s in servers
+    )
+    return True, ev, {"servers": servers}
+
+
+def cmd_ready_diff(a: argparse.Namespace):
+    status, ev, values = ready_difference(
+        ready_servers(merge_results([Path(p) for p in a.merge])["checks"])
+    )
+    return status, ev, values
 
 
 def cmd_report(a: argparse.Namespace) -> tuple[bool, str]:
-    paths = [Path(p) for p in (a.merge or [])]
-    if Path(a.results).exists():
-        paths.append(Path(a.results))
+    """The table of the rows files given, in their order, and nothing else:
+    an ``e2e_results.json`` an earlier report wrote is overwritten, never
+    read (2026-12-07: a report after call 7 read call 6's and kept its
+    "not run" lossless rows over the new ones)."""
+    if not a.results:
+        raise ValueError("report needs --results (the merged JSON to write)")
+    paths = [Path(p) for p in a.merge]
+    if Path(a.results).resolve() in {p.resolve() for p in paths}:
+        raise ValueError(
+            f"--merge {a.results}: the report's own output is no rows file"
+        )
     data = merge_results(paths)
     for kv in a.meta or []:
         key, _, value = kv.partition("=")
@@ -732,6 +867,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--url", required=True)
     s.add_argument("--timeout", type=float, default=1200)
     s.add_argument("--pid", type=int)
+    s.add_argument("--variant", choices=["on", "off", "nospec"], help="plugin on/off")
     s = add("capture", cmd_capture, "target + draft CUDA-graph capture ended")
     s.add_argument("--log", required=True)
     s.add_argument(
@@ -777,6 +913,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log", required=True)
     s.add_argument("--pattern", default=PLUGIN_CRASH)
     s.add_argument("--healthy", choices=["yes", "no"], required=True)
+    s = add(
+        "port", cmd_port, "a server can bind the port (TIME_WAIT can; a listener not)"
+    )
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--wait", type=float, default=20, help="seconds for a port to close")
     s = add("server-args", cmd_server_args, "print the sglang serve arguments")
     s.add_argument("--gpus", type=int, required=True)
     s.add_argument("--spec", choices=["yes", "no"], required=True)
@@ -787,31 +928,51 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("record", lambda a: (a.status != FAILED, a.evidence), "record a row")
     s.add_argument("--status", choices=[SEEN, FAILED, NOT_RUN], required=True)
     s.add_argument("--evidence", default="")
-    s = add("ready", cmd_ready, "server-ready seconds of every part")
+    s = add("ready", cmd_ready, "server-ready seconds of every server")
     s.add_argument("--merge", nargs="+", required=True)
-    s = add("report", cmd_report, "merge rows, write the markdown summary")
+    s = add(
+        "ready-diff", cmd_ready_diff, "ready: plugin on - off vs same-variant spread"
+    )
+    s.add_argument("--merge", nargs="+", required=True)
+    s = add("report", cmd_report, "the rows files' rows as one table (json + md)")
     s.add_argument("--md", required=True)
     s.add_argument("--meta", action="append", help="KEY=VALUE")
-    s.add_argument("--merge", nargs="*", help="results files of other parts")
+    s.add_argument(
+        "--merge",
+        nargs="+",
+        required=True,
+        help="rows files, a later one's row replacing an earlier's of the same name",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     values: dict[str, Any] = {}
+    status = None  # a check may name its row's status (not run) instead of ok
     try:
         out = args.fn(args)
         ok, evidence = out[0], out[1]
+        if isinstance(ok, str):
+            status, ok = ok, ok != FAILED
         if len(out) > 2:
             values = out[2]
     except Exception as exc:  # a check that crashes is a failed check
         ok, evidence = False, f"{type(exc).__name__}: {exc}"
     if args.cmd in ("server-args", "bench-args"):
         return 0 if ok else 1
-    print(f"[{'ok' if ok else 'FAIL'}] {args.cmd}: {evidence}")
+    shown = "not run" if status == NOT_RUN else ("ok" if ok else "FAIL")
+    print(f"[{shown}] {args.cmd}: {evidence}")
     if args.results and args.cmd not in ("report",):
-        status = args.status if args.cmd == "record" else (SEEN if ok else FAILED)
-        record(Path(args.results), args.check or args.cmd, status, evidence, values)
+        if args.cmd == "record":
+            status = args.status
+        record(
+            Path(args.results),
+            args.check or args.cmd,
+            status or (SEEN if ok else FAILED),
+            evidence,
+            values,
+        )
     return 0 if ok else 1
 
 

@@ -14,11 +14,15 @@
 #   nospec    no speculation (plugin on)
 #   report    cross-server rows (greedy identical, bench ratios) and the
 #             merged e2e_results.{json,md}
-#   warmup    (only when named) a DSpark server, plugin off, started until
-#             /health, one bench_serving round, stopped: a fresh machine's
-#             first server pays the kernels' first-time JIT (minutes, at
-#             capture and again at serving's new shapes), so the servers
-#             whose speed is compared start warm; one row, its ready seconds
+#   warmup    (only when named) a DSpark server plugin off, then one plugin
+#             on, each until /health and one bench_serving round, stopped:
+#             a fresh machine's first server pays the kernels' first-time
+#             JIT (minutes, at capture and again at serving's new shapes),
+#             and the first plugin-on server its own kernels, so the servers
+#             compared start warm; a row per server, its ready seconds
+#   restart   (only when named) a DSpark server plugin off, then one on,
+#             each until /health, stopped: a second ready time per variant
+#             for the report's ready-time row (on - off within the spread)
 # Every server part runs the same checks in the same order before its
 # bench_serving rounds (stream, 32 concurrent, greedy), so the servers'
 # histories before the rounds are alike; GSM8K (dspark) runs after them.
@@ -49,6 +53,7 @@ ROUNDS=3
 DOCTOR=1
 PARTS=()
 HEALTH_TIMEOUT="${E2E_HEALTH_TIMEOUT:-420}"
+PORT_WAIT="${E2E_PORT_WAIT:-20}"
 GRACE=20
 
 while (($#)); do
@@ -64,7 +69,7 @@ while (($#)); do
     --gsm8k-data) GSM8K_DATA="$2"; shift 2 ;;
     --rounds) ROUNDS="$2"; shift 2 ;;
     --no-doctor) DOCTOR=0; shift ;;
-    -h|--help) sed -n 2,30p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,34p "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -73,8 +78,9 @@ case "$ROUNDS" in ''|*[!0-9]*|0) echo "--rounds must be a positive integer (got 
 case "$RELEASE" in 16|17) ;; *) echo "--release must be 16 or 17 (got '$RELEASE')" >&2; exit 2 ;; esac
 ((${#PARTS[@]})) || PARTS=(dspark noplugin nospec report)
 for p in "${PARTS[@]}"; do
-  case "$p" in dspark|noplugin|nospec|report|warmup) ;;
-    *) echo "--only must be dspark, noplugin, nospec, report or warmup (got '$p')" >&2; exit 2 ;;
+  case "$p" in dspark|noplugin|nospec|report|warmup|restart) ;;
+    *) echo "--only must be dspark, noplugin, nospec, report, warmup or restart (got '$p')" >&2
+      exit 2 ;;
   esac
 done
 # Graph batch sizes: one GPU captures 1-8 (the issue-24 start-up budget);
@@ -168,23 +174,24 @@ start_server() {  # start_server LOG SPEC(yes|no) [env KEY=VAL ...]
   local args
   mapfile -t args < <(checks server-args --gpus "$GPUS" --spec "$spec" \
     --port "$PORT" --target "$TARGET" --draft "$DRAFT" --graph-bs "$GRAPH_BS")
-  echo "+ $* sglang ${args[*]}" >"$log"
+  echo "+ ${*:+$* }sglang ${args[*]}" >"$log"
   # setsid: its own process group, stopped as a whole by stop_server.
   setsid env "$@" "$PY" -c "$SGLANG_MAIN" "${args[@]}" >>"$log" 2>&1 &
   SERVER_PID=$!
   echo "$SERVER_PID" >"$PGID_FILE"
 }
 
-# port_taken: something already listens on PORT (a server an earlier, cut
-# call left running would answer this part's checks in its place).
+# port_taken: something still listens on PORT after up to PORT_WAIT s (a
+# server an earlier, cut call left running would answer this part's checks
+# in its place). A port in TIME_WAIT (the previous part's server stopped a
+# moment ago) is not taken: the server binds with SO_REUSEADDR, and so does
+# the check (e2e_checks.port_state). PORT_WHY: what the check saw.
+PORT_WHY=""
 port_taken() {
-  "$PY" -c 'import socket, sys
-s = socket.socket()
-try:
-    s.bind(("127.0.0.1", int(sys.argv[1])))
-except OSError:
-    sys.exit(0)
-sys.exit(1)' "$PORT"
+  local rc=0
+  PORT_WHY="$(checks port --port "$PORT" --wait "$PORT_WAIT")" || rc=$?
+  echo "run_e2e.sh: $PORT_WHY" >&2
+  ((rc != 0))
 }
 
 # bench_rounds PART N: N sglang.benchmark.serving rounds (arguments:
@@ -203,14 +210,15 @@ bench_rounds() {
 # run_part PART SPEC ENV...: one server and its checks.
 run_part() {
   local part="$1" spec="$2"; shift 2
-  local log="$OUT/server_$part.log" plugin=on
-  [[ $part == noplugin ]] && plugin=off
+  local log="$OUT/server_$part.log" plugin=on variant=on
+  [[ $part == noplugin ]] && plugin=off variant=off
+  [[ $spec == no ]] && variant=nospec
   rm -f "$OUT/rows-$part.json" "$OUT/bench_$part.jsonl"
   stop_stale
   if port_taken; then
     echo "run_e2e.sh: port $PORT is already in use (a server left by an earlier call?);" \
       "not starting $part, whose checks would reach that server instead" >&2
-    not_run "$part" "port $PORT was already in use by another process" \
+    not_run "$part" "port $PORT was already in use by another process (${PORT_WHY#*: })" \
       "/health (server ready)" "plugin log lines" "CUDA graph capture" \
       "streaming request 200" "32 concurrent requests 200" "greedy outputs"
     pack "$part"
@@ -218,7 +226,7 @@ run_part() {
   fi
   start_server "$log" "$spec" "$@"
   if ! check_rc "$part" "/health (server ready)" health --url "$URL" \
-      --timeout "$HEALTH_TIMEOUT" --pid "$SERVER_PID"; then
+      --timeout "$HEALTH_TIMEOUT" --pid "$SERVER_PID" --variant "$variant"; then
     stop_server
     if [[ $part == noplugin && $GPUS != 1 && $RELEASE == 16 ]]; then
       # 0.5.16 under DP attention without the repair: the known crash.
@@ -264,24 +272,55 @@ run_part() {
   pack "$part"
 }
 
-# warmup: a DSpark server (plugin off) until /health, then stopped.
-warmup() {
-  rm -f "$OUT/rows-warmup.json"
+# ready_server PART VARIANT BENCH: a DSpark server, plugin VARIANT (on|off),
+# until /health, BENCH bench_serving rounds (not checked), then stopped; its
+# row "PART: /health (server ready, plugin VARIANT)". Returns 1 if the port
+# was taken.
+ready_server() {
+  local part="$1" variant="$2" bench="$3" env=()
+  local name="/health (server ready, plugin $variant)"
+  [[ $variant == off ]] && env=(SGLANG_PLUGINS=e2e_init)
   stop_stale
   if port_taken; then
-    echo "run_e2e.sh: port $PORT is already in use; no warm-up server started" >&2
-    not_run warmup "port $PORT was already in use by another process" "/health (server ready)"
-    pack warmup
+    echo "run_e2e.sh: port $PORT is already in use; no $part server started" >&2
+    not_run "$part" "port $PORT was already in use by another process (${PORT_WHY#*: })" "$name"
     return 1
   fi
-  start_server "$OUT/server_warmup.log" yes SGLANG_PLUGINS=e2e_init
-  if check_rc warmup "/health (server ready)" health --url "$URL" \
-      --timeout "$HEALTH_TIMEOUT" --pid "$SERVER_PID"; then
-    # Serving pays JIT too (new batch shapes): one round of the same load.
-    bench_rounds warmup 1
+  start_server "$OUT/server_${part}_$variant.log" yes "${env[@]}"
+  if check_rc "$part" "$name" health --url "$URL" --timeout "$HEALTH_TIMEOUT" \
+      --pid "$SERVER_PID" --variant "$variant" && ((bench)); then
+    bench_rounds "${part}_$variant" "$bench"
   fi
   stop_server
+}
+
+# warmup: both kernel sets compiled before the compared servers start. The
+# first server on a machine pays the kernels' first-time JIT (minutes, at
+# capture and at serving's new shapes); a plugin-on server then still
+# compiles its own (2026-12-07, H200: only the first plugin-on server wrote
+# new Triton kernels, 374 files, after a plugin-off warm-up). So a plugin-off
+# server, then a plugin-on one, each until /health and one bench_serving
+# round, then stopped.
+warmup() {
+  rm -f "$OUT/rows-warmup.json"
+  local variant
+  for variant in off on; do
+    ready_server warmup "$variant" 1 || { pack warmup; return 1; }
+  done
   pack warmup
+}
+
+# restart: a plugin-off server, then a plugin-on one (E2E_RESTART_VARIANTS),
+# until /health and stopped: with the compared parts' servers, two ready
+# times per variant, whose spread the report's ready-time row compares the
+# difference with.
+restart() {
+  rm -f "$OUT/rows-restart.json"
+  local variant
+  for variant in ${E2E_RESTART_VARIANTS:-off on}; do
+    ready_server restart "$variant" 0 || { pack restart; return 1; }
+  done
+  pack restart
 }
 
 report() {
@@ -306,11 +345,17 @@ report() {
     checks --results "$r" --check "bench: plugin / plugin off within noise" record \
       --status "not run" --evidence "a bench file is missing" || true
   fi
-  local merge=("$OUT"/rows-dspark.json "$OUT"/rows-noplugin.json "$OUT"/rows-nospec.json)
+  local merge=("$OUT"/rows-dspark.json "$OUT"/rows-noplugin.json "$OUT"/rows-nospec.json
+    "$OUT"/rows-restart.json)
   local have=()
   for f in "${merge[@]}"; do [[ -s $f ]] && have+=("$f"); done
   if ((${#have[@]})); then
     checks --results "$r" --check "server ready seconds" ready --merge "${have[@]}" || true
+    checks --results "$r" --check "ready: plugin on - off within the same-variant spread" \
+      ready-diff --merge "${have[@]}" || true
+  else
+    checks --results "$r" --check "server ready seconds" record --status "not run" \
+      --evidence "no server part's rows" || true
   fi
   have+=("$r")
   checks --results "$OUT/e2e_results.json" report --md "$OUT/e2e_results.md" \
@@ -344,5 +389,6 @@ for part in "${PARTS[@]}"; do
     nospec) run_part nospec no ;;
     report) report ;;
     warmup) warmup ;;
+    restart) restart ;;
   esac
 done

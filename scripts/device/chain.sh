@@ -9,11 +9,17 @@
 #   smoke              import the server's modules with both sites
 #   e2e:PARTS[:GPUS[:ROUNDS]]
 #                      e2e/run_e2e.sh --only each of PARTS (comma list of
-#                      dspark,noplugin,nospec,report,warmup), SGLang 0.5.17,
+#                      dspark,noplugin,nospec,report,warmup,restart), 0.5.17,
 #                      GPUS (default 1), ROUNDS bench_serving rounds per
 #                      server (default 3); results under /tmp/e2e, packed to $OUT
 #   fill:N             N back-to-back bench_fill.py compare runs (0.5.16 and
 #                      0.5.17, stock and plugin) into $OUT/fill-runK.json
+#   jitprobe:DIR       DIR (a cache folder, ~ for $HOME) moved aside, then a
+#                      plugin-off server to /health (run_e2e.sh's restart
+#                      part), then DIR put back: did DIR hold the JIT?
+#   census             the files written under $HOME and /tmp since the first
+#                      call, by cache folder, with their times (jit_census.py),
+#                      into $OUT/jit-census.txt
 # Everything is logged to $OUT/chain.log as well.
 set -uo pipefail
 
@@ -26,6 +32,8 @@ exec > >(tee -a "$OUTDIR/chain.log") 2>&1
 export PYTHONUNBUFFERED=1
 
 t0=$SECONDS
+# The first call's start: jit_census.py counts the files written since.
+[[ -e /tmp/dsdp-chain-start ]] || touch /tmp/dsdp-chain-start
 echo "== $(date -u +%FT%TZ) chain.sh $*"
 "$PY" scripts/device/unpack.py
 unpacked=$?
@@ -63,6 +71,25 @@ for step in "$@"; do
           --site "0.5.16=$s16" --site "0.5.17=$s17" --modes stock plugin \
           | tail -12 || status=1
       done
+      ;;
+    jitprobe:*)
+      # One cache folder moved aside, then a plugin-off server to /health:
+      # its ready seconds and capture times say whether that folder held the
+      # first server's JIT. The folder is put back afterwards.
+      d="${step#jitprobe:}"
+      d="${d/#\~/$HOME}"
+      if [[ -d $d ]]; then
+        rm -rf "$d.aside" && mv "$d" "$d.aside"
+        E2E_RESTART_VARIANTS=off bash e2e/run_e2e.sh --gpus 1 --release 17 --only restart \
+          --no-doctor --out /tmp/e2e-jitprobe --pack-to "$OUTDIR" || status=1
+        du -sh "$d" 2>/dev/null
+        rm -rf "$d" && mv "$d.aside" "$d"
+      else
+        echo "jitprobe: $d: no such folder"; status=1
+      fi
+      ;;
+    census)
+      "$PY" scripts/device/jit_census.py --out "$OUTDIR/jit-census.txt" || status=1
       ;;
     *) echo "unknown step: $step"; status=2 ;;
   esac

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -106,8 +107,8 @@ def test_record_replaces_row_and_renders(tmp_path):
 
 
 def test_cli_record_and_report(tmp_path):
-    results, md = tmp_path / "r.json", tmp_path / "r.md"
-    run = [sys.executable, str(SCRIPT), "--results", str(results)]
+    rows, md = tmp_path / "rows.json", tmp_path / "r.md"
+    run = [sys.executable, str(SCRIPT), "--results", str(rows)]
     rc = subprocess.run(
         [
             *run,
@@ -129,9 +130,9 @@ def test_cli_record_and_report(tmp_path):
         capture_output=True,
     )
     assert rc.returncode == 1
-    rc = subprocess.run(
-        [*run, "report", "--md", str(md), "--meta", "gpus=2"], capture_output=True
-    )
+    report = [sys.executable, str(SCRIPT), "--results", str(tmp_path / "r.json")]
+    report += ["report", "--md", str(md), "--meta", "gpus=2", "--merge", str(rows)]
+    rc = subprocess.run(report, capture_output=True)
     assert rc.returncode == 1  # one failed row
     text = md.read_text()
     assert "| c1 | not run | no GPUs |" in text and "| graphs | failed |" in text
@@ -407,9 +408,210 @@ def test_ready_seconds_of_every_part(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     ec.record(a, "dspark: /health (server ready)", ec.SEEN, "x", {"ready_s": 144.0})
     ec.record(b, "noplugin: /health (server ready)", ec.SEEN, "x", {"ready_s": 57.0})
+    ec.record(
+        b, "restart: /health (server ready, plugin off)", ec.SEEN, "x",
+        {"ready_s": 60.0, "variant": "off"},
+    )  # fmt: skip
     ok, why, values = ec.cmd_ready(SimpleNamespace(merge=[str(a), str(b)]))
-    assert ok and values["ready_s"] == {"dspark": 144.0, "noplugin": 57.0}
-    assert "plugin on - off: +87 s" in why
+    assert ok and [(s["part"], s["variant"]) for s in values["servers"]] == [
+        ("dspark", "on"),
+        ("noplugin", "off"),
+        ("restart", "off"),
+    ]
+    assert why == "dspark (on) 144 s, noplugin (off) 57 s, restart (off) 60 s"
     c = tmp_path / "c.json"
     ec.record(c, "nospec: /health (server ready)", ec.FAILED, "exited")
     assert not ec.cmd_ready(SimpleNamespace(merge=[str(c)]))[0]
+
+
+def _servers(**by_variant: list[float]) -> list[dict]:
+    return [
+        {"part": f"p{i}", "variant": v, "ready_s": x}
+        for v, xs in by_variant.items()
+        for i, x in enumerate(xs)
+    ]
+
+
+def test_ready_difference_within_the_same_variant_spread():
+    """2026-12-07's start-up A/B on an H200 (warm servers; on, off,
+    disabled, on, off): on 80.2 and 77.4 s, off 75.9 and 69.1 s. On - off
+    is +6.3 s (medians), two off servers differ by 6.8 s: within."""
+    status, why, values = ec.ready_difference(
+        _servers(on=[80.2, 77.4], off=[75.9, 69.1], nospec=[60.0])
+    )
+    assert status == ec.SEEN and values["within"] is True
+    assert values["on_minus_off_s"] == 6.3 and values["spread_s"] == 6.8
+    assert "plugin on - off +6.3 s" in why and "spread 6.8 s" in why
+    assert "within" in why and "60.0" not in why  # no-spec is no variant of these
+    # 2026-12-07's H100 e2e (the plugin server first after a plugin-off
+    # warm-up: it compiled its kernels): +27 s, with a restart pair that
+    # differs as the A/B's did, is outside.
+    status, why, values = ec.ready_difference(
+        _servers(on=[77.0, 80.0], off=[50.0, 55.0])
+    )
+    assert status == ec.FAILED and "OUTSIDE" in why
+    assert values["on_minus_off_s"] == 26.0 and values["spread_s"] == 5.0
+    # Just outside: +6.0 s against a spread of 5.0 s.
+    status, why, values = ec.ready_difference(
+        _servers(on=[77.0, 80.0], off=[70.0, 75.0])
+    )
+    assert status == ec.FAILED and values["on_minus_off_s"] == 6.0
+    assert values["spread_s"] == 5.0 and values["within"] is False
+    # On the edge: within.
+    status, _, values = ec.ready_difference(_servers(on=[77.0, 80.0], off=[73.5, 78.5]))
+    assert status == ec.SEEN and values["on_minus_off_s"] == 2.5
+
+
+def test_ready_difference_needs_a_spread_and_both_variants():
+    status, why, values = ec.ready_difference(_servers(on=[77.0], off=[50.0]))
+    assert status == ec.NOT_RUN and "one server per variant" in why
+    assert values["on_minus_off_s"] == 27.0 and "within" not in values
+    status, why, _ = ec.ready_difference(_servers(off=[50.0, 52.0]))
+    assert status == ec.NOT_RUN and why == "no ready plugin on server"
+
+
+def test_ready_diff_cli_records_not_run(tmp_path):
+    rows, out = tmp_path / "rows.json", tmp_path / "rows-report.json"
+    ec.record(
+        rows, "dspark: /health (server ready)", ec.SEEN, "x",
+        {"ready_s": 77.0, "variant": "on"},
+    )  # fmt: skip
+    ec.record(rows, "noplugin: /health (server ready)", ec.SEEN, "x", {"ready_s": 50.0})
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--results", str(out), "--check", "ready diff",
+         "ready-diff", "--merge", str(rows)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("[not run] ready-diff: ")
+    row = json.loads(out.read_text())["checks"][0]
+    assert row["status"] == ec.NOT_RUN and row["values"]["on_minus_off_s"] == 27.0
+
+
+def _report(out: Path, md: Path, *rows: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--results", str(out), "report", "--md", str(md),
+         "--merge", *map(str, rows), "--meta", "gpus=1"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_a_later_report_is_built_from_its_rows_files_only(tmp_path):
+    """2026-12-07's calls 6 and 7 on one machine: call 6 (plugin off, then
+    report) wrote the lossless rows as not run, the no-spec server not having
+    run yet; call 7 (no-spec, then report) rewrote rows-report.json with the
+    real lossless rows. The second report must show those, not the first
+    report's rows kept in the e2e_results.json it wrote."""
+    dspark, off = tmp_path / "rows-dspark.json", tmp_path / "rows-noplugin.json"
+    nospec, rep = tmp_path / "rows-nospec.json", tmp_path / "rows-report.json"
+    out, md = tmp_path / "e2e_results.json", tmp_path / "e2e_results.md"
+    lossless = "lossless: DSpark + plugin greedy == no-spec greedy"
+    ec.record(dspark, "dspark: /health (server ready)", ec.SEEN, "200 after 77 s")
+    ec.record(off, "noplugin: /health (server ready)", ec.SEEN, "200 after 50 s")
+    # Call 6: the report with no no-spec server yet.
+    ec.record(
+        rep, lossless, ec.NOT_RUN, "greedy_dspark.json or greedy_nospec.json missing"
+    )
+    ec.record(rep, "old row, gone from every rows file", ec.SEEN, "call 6 only")
+    assert _report(out, md, dspark, off, rep).returncode == 0
+    # Call 7: run_e2e.sh's report part removes and rewrites rows-report.json.
+    rep.unlink()
+    ec.record(nospec, "nospec: /health (server ready)", ec.SEEN, "200 after 60 s")
+    ec.record(rep, lossless, ec.FAILED, "5/20 prompts identical (960 output tokens)")
+    done = _report(out, md, dspark, off, nospec, rep)
+    assert done.returncode == 1, done.stdout  # the lossless row failed
+    rows = {r["check"]: r for r in json.loads(out.read_text())["checks"]}
+    assert rows[lossless]["status"] == ec.FAILED
+    assert rows[lossless]["evidence"].startswith("5/20 prompts identical")
+    assert "old row, gone from every rows file" not in rows
+    assert list(rows) == [
+        "dspark: /health (server ready)",
+        "noplugin: /health (server ready)",
+        "nospec: /health (server ready)",
+        lossless,
+    ]
+    text = md.read_text()
+    assert f"| {lossless} | failed | 5/20" in text and "not run" not in text
+    # Its own output given as a rows file: one line naming it, nothing written.
+    done = _report(out, md, rep, out)
+    assert done.returncode == 1 and f"--merge {out}" in done.stdout
+    assert len(done.stdout.splitlines()) == 1 and done.stderr == ""
+    assert rows == {r["check"]: r for r in json.loads(out.read_text())["checks"]}
+
+
+def _plain_bind_refused(port: int) -> bool:
+    """What run_e2e.sh's port check did until 2026-12-07: a bind without
+    SO_REUSEADDR."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+        return False
+
+
+def test_a_port_in_time_wait_is_free_for_the_server_and_a_listener_is_not(
+    time_wait_port,
+):
+    port = time_wait_port()
+    assert _plain_bind_refused(port)  # the old check called this port taken
+    assert ec.port_state(port) == ec.PORT_TIME_WAIT
+    ok, why, values = ec.wait_port(port, wait=5)
+    assert ok and values["polls"] == 0 and "TIME_WAIT" in why
+    with socket.socket() as lst:
+        lst.bind(("127.0.0.1", 0))
+        lst.listen()
+        held = lst.getsockname()[1]
+        assert ec.port_state(held) == ec.PORT_LISTENER
+        ok, why, values = ec.wait_port(held, wait=0.3, poll=0.1)
+        assert not ok and values["polls"] >= 1
+        assert f"port {held}: taken: a listener answers after" in why
+    with socket.socket() as bound:  # bound, never listening
+        bound.bind(("127.0.0.1", 0))
+        assert ec.port_state(bound.getsockname()[1]) == ec.PORT_NO_LISTENER
+    assert ec.port_state(held) == ec.PORT_FREE
+    # TIME_WAIT of a socket without SO_REUSEADDR blocks the server's bind
+    # too (Linux): taken, until it closes.
+    assert ec.port_state(time_wait_port(reuse=False)) == ec.PORT_NO_LISTENER
+
+
+def test_the_port_check_waits_for_a_listener_that_closes():
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen()
+    port = lst.getsockname()[1]
+    polls = []
+
+    def state(p: int, host: str = "127.0.0.1") -> str:
+        polls.append(p)
+        if len(polls) == 3:  # the stopped server's last process exits
+            lst.close()
+        return real(p, host)
+
+    real = ec.port_state
+    ec.port_state = state
+    try:
+        ok, why, values = ec.wait_port(port, wait=60, poll=0.01)
+    finally:
+        ec.port_state = real
+        lst.close()
+    assert ok and values["polls"] == 2, why
+    assert values["state"] == ec.PORT_FREE and "after 2 polls" in why
+
+
+def test_port_cli_exit_status_and_bad_wait(time_wait_port):
+    run = [sys.executable, str(SCRIPT), "port", "--port"]
+    with socket.socket() as lst:
+        lst.bind(("127.0.0.1", 0))
+        lst.listen()
+        held = str(lst.getsockname()[1])
+        done = subprocess.run(
+            [*run, held, "--wait", "0"], capture_output=True, text=True
+        )
+        assert done.returncode == 1 and "taken: a listener answers" in done.stdout
+    port = str(time_wait_port())
+    done = subprocess.run([*run, port, "--wait", "0"], capture_output=True, text=True)
+    assert done.returncode == 0 and "TIME_WAIT" in done.stdout
+    done = subprocess.run([*run, port, "--wait", "-1"], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout.strip().endswith(
+        "--wait -1: seconds, at least 0"
+    )

@@ -22,11 +22,20 @@ SCRIPT = ROOT / "e2e" / "run_e2e.sh"
 
 
 def _run(
-    *args: str, timeout: float = 240, python: str = sys.executable
+    *args: str,
+    timeout: float = 240,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     cmd = ["bash", str(SCRIPT), "--gpus", "1", "--python", python]
     cmd += ["--sglang-site", os.pathsep.join(sys.path[1:]), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.mark.parametrize(
@@ -85,6 +94,7 @@ def test_a_server_left_by_a_cut_call_is_stopped_before_the_port_check(tmp_path):
             "--port",
             str(port),
             python=_python_with_a_doctor_that_logs(tmp_path),
+            env={"E2E_PORT_WAIT": "1", "E2E_HEALTH_TIMEOUT": "5"},
         )
         deadline = time.monotonic() + 10
         while stale.poll() is None and time.monotonic() < deadline:
@@ -95,10 +105,11 @@ def test_a_server_left_by_a_cut_call_is_stopped_before_the_port_check(tmp_path):
         assert done.returncode == 1, done.stderr[-2000:]
         rows = json.loads((out / "rows-warmup.json").read_text())["checks"]
         assert [(r["check"], r["status"]) for r in rows] == [
-            ("warmup: /health (server ready)", "not run")
+            ("warmup: /health (server ready, plugin off)", "not run")
         ]
         assert f"port {port} was already in use" in rows[0]["evidence"]
-        assert not (out / "server_warmup.log").exists()
+        assert "taken: a listener answers after" in rows[0]["evidence"]
+        assert not list(out.glob("server_*.log"))
         doctor = json.loads((out / "doctor.json").read_text())
         assert doctor == {"repairs": ["draft-batch"]}
         assert "draft-batch: enabled" in (out / "doctor.log").read_text()
@@ -107,3 +118,56 @@ def test_a_server_left_by_a_cut_call_is_stopped_before_the_port_check(tmp_path):
         if stale.poll() is None:
             stale.kill()
         stale.wait()
+
+
+def _python_with_a_stand_in_server(tmp_path: Path) -> str:
+    """This interpreter, except for two of the script's steps: the server,
+    which prints one line and exits (no GPU here), and the import check
+    before the parts, which passes (run for real it takes about a minute
+    here, and a socket's TIME_WAIT lasts one)."""
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [[ "$1" == -c && "$2" == *"from sglang.cli.main import main"* ]]; then\n'
+        "  echo 'stand-in server: started'; exit 3\n"
+        "fi\n"
+        'if [[ "$1" == -c && "$2" == "import sglang.cli.main, "* ]]; then exit 0; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_a_port_in_time_wait_is_not_refused(tmp_path, time_wait_port):
+    """2026-12-07, call 6: the part that followed another was refused
+    ("port 31000 is already in use") by sockets the stopped server left in
+    TIME_WAIT, with no server running. The server binds with SO_REUSEADDR
+    and so does the check now: the part starts its server."""
+    out = tmp_path / "e2e"
+    port = time_wait_port()
+    done = _run(
+        "--out",
+        str(out),
+        "--only",
+        "warmup",
+        "--port",
+        str(port),
+        "--no-doctor",
+        python=_python_with_a_stand_in_server(tmp_path),
+        env={"E2E_PORT_WAIT": "1", "E2E_HEALTH_TIMEOUT": "5"},
+    )
+    assert f"run_e2e.sh: [ok] port: port {port}: free but closing (TIME_WAIT)" in (
+        done.stderr
+    ), done.stderr[-2000:]
+    assert "already in use" not in done.stderr
+    rows = json.loads((out / "rows-warmup.json").read_text())["checks"]
+    # Both kernel sets: a plugin-off server, then a plugin-on one.
+    assert [(r["check"], r["status"]) for r in rows] == [
+        ("warmup: /health (server ready, plugin off)", "failed"),
+        ("warmup: /health (server ready, plugin on)", "failed"),
+    ]
+    for variant, plugins in (("off", "SGLANG_PLUGINS=e2e_init "), ("on", "")):
+        log = (out / f"server_warmup_{variant}.log").read_text()
+        assert "stand-in server: started" in log
+        assert log.startswith(f"+ {plugins}sglang serve "), log
+        assert "--speculative-algorithm DSPARK" in log
