@@ -68,6 +68,8 @@ PROMPTS: list[list[int]] = make_prompts()
 #: The plugin's log line of one repair, and the e2e init hook's line (one per
 #: process that loads plugins: e2e/hook/sglang_dspark_dp_e2e_init.py).
 PLUGIN_ANY = "sglang-dspark-dp: "
+#: The line every process that loads the plugin logs first (plugin.register).
+ARMED_LINE = re.compile(r"sglang-dspark-dp: \d+ repairs armed on sglang ")
 HOOK_LINE = re.compile(r"sglang-dspark-dp-e2e: pid (?P<pid>\d+): (?P<rest>.*)")
 SKIPPED_PLUGIN = "Skipping plugin dspark_dp"
 ACCEPT_LEN = re.compile(r"accept len: (?P<len>[0-9.]+)")
@@ -167,6 +169,7 @@ def count_plugin_lines(lines: Iterable[str]) -> dict[str, Any]:
     pids: list[str] = []
     per_repair: dict[str, list[str]] = {}
     other: list[str] = []
+    armed: list[str] = []
     skipped = 0
     for line in lines:
         hook = HOOK_LINE.search(line)
@@ -174,37 +177,70 @@ def count_plugin_lines(lines: Iterable[str]) -> dict[str, Any]:
             pids.append(hook.group("pid"))
             continue
         m = status.search(line)
-        if m:
+        if ARMED_LINE.search(line):
+            armed.append(line.strip())
+        elif m:
             per_repair.setdefault(m.group("repair"), []).append(line.strip())
         elif PLUGIN_ANY in line:
             other.append(line.strip())
         if SKIPPED_PLUGIN in line:
             skipped += 1
-    return {"pids": pids, "repairs": per_repair, "other": other, "skipped": skipped}
+    return {
+        "pids": pids,
+        "armed": armed,
+        "repairs": per_repair,
+        "other": other,
+        "skipped": skipped,
+    }
 
 
 def check_plugin_lines(
-    counted: dict[str, Any], repairs: list[str], plugin_on: bool
+    counted: dict[str, Any], repairs: list[str], plugin_on: bool, dspark: bool = True
 ) -> tuple[bool, str, dict[str, Any]]:
-    """Plugin on: every repair's line once in every process that loads
-    plugins. Plugin off: no plugin line, SGLang says it skipped it."""
+    """Plugin on: the armed line once in every process that loads plugins;
+    with DSpark (``dspark``), every repair's line once in every one of them
+    but the HTTP process, which never imports DSpark (the scheduler
+    processes); without, no repair line. Plugin off: no plugin line, SGLang
+    says it skipped it."""
     processes = len(counted["pids"])
+    armed = len(counted.get("armed", []))
     per = {r: len(counted["repairs"].get(r, [])) for r in repairs}
     other = sorted(set(counted["repairs"]) - set(repairs))
-    values = {"processes": processes, "lines": per, "skipped": counted["skipped"]}
+    values = {
+        "processes": processes,
+        "armed": armed,
+        "lines": per,
+        "skipped": counted["skipped"],
+    }
     head = f"{processes} processes load plugins (pids {' '.join(counted['pids'])})"
     lines = counted.get("other", [])
     values["other_lines"] = lines
     if plugin_on:
-        ok = processes > 0 and all(n == processes for n in per.values()) and not other
+        want = processes - 1 if dspark else 0
+        ok = (
+            processes > (1 if dspark else 0)
+            and armed == processes
+            and all(n == want for n in per.values())
+            and not other
+        )
         shown = ", ".join(f"{r} {n}" for r, n in per.items())
         sample = next(iter(counted["repairs"].values()), [""])[0]
         extra = f"; unknown repair lines {other}" if other else ""
         extra += f"; {len(lines)} other plugin lines, e.g. {lines[0]}" if lines else ""
-        return ok, f"{head}; lines per repair: {shown}{extra}; e.g. {sample}", values
+        where = (
+            f"{want} expected, every process but the HTTP one"
+            if dspark
+            else "none expected: no DSpark"
+        )
+        return (
+            ok,
+            f"{head}; armed lines {armed}; lines per repair ({where}): {shown}"
+            f"{extra}; e.g. {sample}",
+            values,
+        )
     # SGLang's "skipping" line is INFO and may come before its logging is
     # set up: shown, not required.
-    total = sum(len(v) for v in counted["repairs"].values()) + len(lines)
+    total = sum(len(v) for v in counted["repairs"].values()) + len(lines) + armed
     ok = processes > 0 and total == 0
     return (
         ok,
@@ -652,7 +688,9 @@ def cmd_diversity(a: argparse.Namespace):
 
 def cmd_plugin_lines(a: argparse.Namespace):
     counted = count_plugin_lines(_lines(a.log))
-    return check_plugin_lines(counted, repair_names(), plugin_on=a.plugin == "on")
+    return check_plugin_lines(
+        counted, repair_names(), plugin_on=a.plugin == "on", dspark=a.dspark == "yes"
+    )
 
 
 def cmd_accept(a: argparse.Namespace):
@@ -893,6 +931,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("plugin-lines", cmd_plugin_lines, "the plugin's lines per process")
     s.add_argument("--log", required=True)
     s.add_argument("--plugin", choices=["on", "off"], required=True)
+    s.add_argument(
+        "--dspark",
+        choices=["yes", "no"],
+        default="yes",
+        help="whether the server runs DSpark (its schedulers log the repairs)",
+    )
     s = add("accept", cmd_accept, "accept length: drafts accepted and rejected")
     s.add_argument("--log", required=True)
     s.add_argument("--greedy", required=True)

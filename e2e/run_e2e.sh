@@ -238,7 +238,8 @@ run_part() {
     pack "$part"
     return 0
   fi
-  check "$part" "plugin log lines" plugin-lines --log "$log" --plugin "$plugin"
+  check "$part" "plugin log lines" plugin-lines --log "$log" --plugin "$plugin" \
+    --dspark "$spec"
   if [[ $spec == yes ]]; then
     check "$part" "CUDA graph capture (target + draft)" capture --log "$log"
   else

@@ -158,14 +158,27 @@ def test_prompts_inside_tiny_vocab():
 REPAIRS = ec.repair_names()
 
 
-def plugin_log(processes: int, repairs=REPAIRS, hook=True) -> list[str]:
+def plugin_log(
+    processes: int, repairs=REPAIRS, hook=True, armed=True, dspark=True
+) -> list[str]:
+    """A server log's plugin lines: in every process that loads plugins the
+    e2e hook's line and the armed line; the repairs' lines in every process
+    but the first (the HTTP process never imports DSpark)."""
     lines = []
-    for pid in range(100, 100 + processes):
+    for k, pid in enumerate(range(100, 100 + processes)):
         if hook:
             lines.append(
                 f"[2026-01-01 10:00:00] sglang-dspark-dp-e2e: pid {pid}: "
                 "dummy weights U(-0.035, 0.035), norms 1"
             )
+        if armed:
+            lines.append(
+                "[2026-01-01 10:00:00] sglang-dspark-dp: 6 repairs armed on sglang "
+                "0.5.17: each probes and applies when DSpark's module it patches "
+                "is first imported in this process (draft-batch, ...)"
+            )
+        if k == 0 or not dspark:
+            continue
         for r in repairs:
             lines.append(
                 f"[2026-01-01 10:00:00] sglang-dspark-dp: {r}: enabled on sglang "
@@ -182,7 +195,7 @@ def test_the_repair_names_are_the_plugins():
 
 
 def test_only_status_lines_count_and_other_plugin_lines_are_shown():
-    log = plugin_log(1) + [
+    log = plugin_log(2) + [
         "[t] sglang-dspark-dp: startup-capture: a rank's probe failed; every rank "
         "of its group of 2 runs stock",
         "[t] sglang-dspark-dp: not applied: SGLang is not installed",
@@ -200,28 +213,54 @@ def test_only_status_lines_count_and_other_plugin_lines_are_shown():
 
 def test_plugin_lines_one_per_repair_and_process():
     ok, why, values = ec.check_plugin_lines(
-        ec.count_plugin_lines(plugin_log(2)), REPAIRS, plugin_on=True
+        ec.count_plugin_lines(plugin_log(3)), REPAIRS, plugin_on=True
     )
-    assert ok and values["processes"] == 2 and "draft-batch 2" in why
-    short = plugin_log(2)[:-1]  # one process lacks the last repair's line
+    assert ok and values["processes"] == 3 and "draft-batch 2" in why
+    assert values["armed"] == 3
+    short = plugin_log(3)[:-1]  # one scheduler lacks the last repair's line
     ok, why, _ = ec.check_plugin_lines(
         ec.count_plugin_lines(short), REPAIRS, plugin_on=True
     )
     assert not ok and f"{REPAIRS[-1]} 1" in why
+    # The HTTP process logging the repairs too (probes where DSpark never runs).
+    http_too = plugin_log(2) + [x for x in plugin_log(2) if ": enabled on " in x]
+    ok, why, _ = ec.check_plugin_lines(
+        ec.count_plugin_lines(http_too), REPAIRS, plugin_on=True
+    )
+    assert not ok and "draft-batch 2" in why
+    # A process that loads plugins without the armed line.
+    unarmed = plugin_log(2)
+    unarmed.remove(next(x for x in unarmed if " repairs armed on " in x))
+    ok, why, _ = ec.check_plugin_lines(
+        ec.count_plugin_lines(unarmed), REPAIRS, plugin_on=True
+    )
+    assert not ok and "armed lines 1" in why
     ok, _, _ = ec.check_plugin_lines(
         ec.count_plugin_lines(plugin_log(2, hook=False)), REPAIRS, plugin_on=True
     )
     assert not ok  # no process seen loading plugins
     ok, why, _ = ec.check_plugin_lines(
-        ec.count_plugin_lines(plugin_log(1, repairs=[*REPAIRS, "new-one"])),
+        ec.count_plugin_lines(plugin_log(2, repairs=[*REPAIRS, "new-one"])),
         REPAIRS,
         plugin_on=True,
     )
     assert not ok and "new-one" in why
 
 
+def test_a_server_without_dspark_logs_the_armed_lines_only():
+    nospec = plugin_log(2, dspark=False)
+    ok, why, values = ec.check_plugin_lines(
+        ec.count_plugin_lines(nospec), REPAIRS, plugin_on=True, dspark=False
+    )
+    assert ok and values["armed"] == 2 and "none expected" in why
+    ok, _, _ = ec.check_plugin_lines(
+        ec.count_plugin_lines(plugin_log(2)), REPAIRS, plugin_on=True, dspark=False
+    )
+    assert not ok  # repairs applied in a server that never imports DSpark
+
+
 def test_plugin_off_means_no_plugin_line():
-    off = plugin_log(2, repairs=[]) + [
+    off = plugin_log(2, repairs=[], armed=False) + [
         "[x] Skipping plugin dspark_dp (not in SGLANG_PLUGINS)"
     ]
     ok, why, values = ec.check_plugin_lines(
