@@ -66,6 +66,8 @@ DROP = {
     ),
 }
 XZ_PRESET = 9
+#: What one device call carries at most: the working tree and its batch.
+CALL_LIMIT = 64 * 2**20
 
 
 def norm(name: str) -> str:
@@ -369,6 +371,12 @@ def report(folders: list[Path], entries: list[dict], tree_bytes: int) -> None:
             f"{folder.name}: {len(list(folder.iterdir())) - 1:3d} files, "
             f"{size / 2**20:5.1f} MiB (+ working tree {tree_bytes / 2**20:.1f} MiB)"
         )
+        if size + tree_bytes > CALL_LIMIT:
+            print(
+                f"WARNING {folder.name}: with the working tree over the "
+                f"{CALL_LIMIT / 2**20:.0f} MiB a call carries: restage with a "
+                "smaller --batch-mib"
+            )
 
 
 def working_tree_bytes() -> int:
@@ -492,7 +500,12 @@ def check_jit(root: Path = ROOT) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--python", default=sys.executable, help="runs pip download")
-    p.add_argument("--batch-mib", type=float, default=60.0)
+    p.add_argument(
+        "--batch-mib",
+        type=float,
+        default=56.0,
+        help="a batch plus the working tree must stay under the 64 MiB a call carries",
+    )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument(
         "--gsm8k",
