@@ -83,3 +83,19 @@ def test_a_tarball_with_anything_else_is_refused_in_one_line(tmp_path):
         err = done.stderr.strip()
         assert len(err.splitlines()) == 1 and err.startswith(f"--jit {tarball}: "), err
     assert stage.jit_members(_tarball(tmp_path / "empty.tar.xz", {}))[1]
+
+
+def test_staging_warns_when_a_batch_and_the_tree_exceed_a_call(tmp_path, capsys):
+    batch = tmp_path / ".carry1"
+    batch.mkdir()
+    (batch / "manifest.json").write_text("{}")
+    with (batch / "big.tar.xz").open("wb") as f:  # sparse: no disk used
+        f.truncate(60 * 2**20)
+    entries = [{"wheel_bytes": 1, "bytes": 60 * 2**20}]
+    stage.report([batch], entries, tree_bytes=3 * 2**20)
+    assert "WARNING" not in capsys.readouterr().out
+    stage.report([batch], entries, tree_bytes=5 * 2**20)
+    out = capsys.readouterr().out
+    assert (
+        "WARNING .carry1: with the working tree over the 64 MiB a call carries" in out
+    )
