@@ -17,6 +17,8 @@
 #   jitprobe:DIR       DIR (a cache folder, ~ for $HOME) moved aside, then a
 #                      plugin-off server to /health (run_e2e.sh's restart
 #                      part), then DIR put back: did DIR hold the JIT?
+#   jit:pack           ~/.cache/tvm-ffi's module .so files (the first server's
+#                      kernel JIT) into $OUT/jit-cache.tar.xz, for stage.py --jit
 #   census             the files written under $HOME and /tmp since the first
 #                      call, by cache folder, with their times (jit_census.py),
 #                      into $OUT/jit-census.txt
@@ -87,6 +89,13 @@ for step in "$@"; do
       else
         echo "jitprobe: $d: no such folder"; status=1
       fi
+      ;;
+    jit:pack)
+      # SGLang's nvcc-built kernel modules (the first server's JIT), for
+      # stage.py --jit: the .so of each module folder, nothing else.
+      (cd "$HOME" && find .cache/tvm-ffi -name '*.so' -print0 |
+        tar --null -T - -cJf "$OUTDIR/jit-cache.tar.xz") || status=1
+      ls -la "$OUTDIR/jit-cache.tar.xz" 2>/dev/null
       ;;
     census)
       "$PY" scripts/device/jit_census.py --out "$OUTDIR/jit-census.txt" || status=1

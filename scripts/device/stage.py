@@ -21,6 +21,10 @@ Here (a machine that reaches PyPI), before the device calls:
    ``manifest.json``: every archive, its target, sha256, size and parts.
    Extra files (the GSM8K data) go into the last batch with room.
 
+``--jit FILE`` stages the first server's kernel JIT (SGLang's nvcc-built
+modules, carried back by ``chain.sh jit:pack``) as ``.carry-jit/``, and
+``--check-jit`` checks it (README.md: "The first server's JIT, carried").
+
 The device side is ``unpack.py`` (stdlib only); the chain of calls is in
 README.md beside this file.
 """
@@ -62,6 +66,8 @@ DROP = {
     ),
 }
 XZ_PRESET = 9
+#: What one device call carries at most: the working tree and its batch.
+CALL_LIMIT = 64 * 2**20
 
 
 def norm(name: str) -> str:
@@ -303,7 +309,7 @@ def batch(entries: list[dict], extras: list[Path], limit_mib: float) -> list[Pat
     sizes = {e["archive"]: e["bytes"] for e in entries}
     extra_sizes = {p.name: p.stat().st_size for p in extras}
     bins = plan_batches({**sizes, **extra_sizes}, limit)
-    for old in ROOT.glob(CARRY_PREFIX + "*"):
+    for old in ROOT.glob(CARRY_PREFIX + "[0-9]*"):
         shutil.rmtree(old)
     by_name = {e["archive"]: e for e in entries}
     extra_paths = {p.name: p for p in extras}
@@ -365,6 +371,12 @@ def report(folders: list[Path], entries: list[dict], tree_bytes: int) -> None:
             f"{folder.name}: {len(list(folder.iterdir())) - 1:3d} files, "
             f"{size / 2**20:5.1f} MiB (+ working tree {tree_bytes / 2**20:.1f} MiB)"
         )
+        if size + tree_bytes > CALL_LIMIT:
+            print(
+                f"WARNING {folder.name}: with the working tree over the "
+                f"{CALL_LIMIT / 2**20:.0f} MiB a call carries: restage with a "
+                "smaller --batch-mib"
+            )
 
 
 def working_tree_bytes() -> int:
@@ -385,7 +397,7 @@ def working_tree_bytes() -> int:
 
 def check(lock: dict[str, dict[str, str]]) -> list[str]:
     """What is wrong with the staged batches for this lock (empty: fine)."""
-    folders = sorted(ROOT.glob(CARRY_PREFIX + "*"))
+    folders = sorted(ROOT.glob(CARRY_PREFIX + "[0-9]*"))
     if not folders:
         return ["no .carry* batches: run stage.py"]
     manifest = json.loads((folders[0] / MANIFEST).read_text())
@@ -405,10 +417,95 @@ def check(lock: dict[str, dict[str, str]]) -> list[str]:
     return problems
 
 
+#: The JIT batch: SGLang's nvcc-built kernel modules (``load_jit``, the
+#: ``tvm_ffi`` cache), carried back from a warm-up call (``chain.sh
+#: jit:pack``) and into a fresh machine's ``$HOME`` (``unpack.py``).
+JIT_BATCH = CARRY_PREFIX + "-jit"
+JIT_FILE = "jit-cache.tar.xz"
+JIT_INDEX = "jit.json"
+JIT_HOME_DIR = ".cache/tvm-ffi"
+
+
+def jit_members(tarball: Path) -> tuple[list[str], list[str]]:
+    """``(module .so files, problems)`` of a JIT cache tarball: only
+    folders and ``.so`` files under ``.cache/tvm-ffi/``, one folder per
+    module (``NAME__arch_ARCH__tvmffi_VERSION/NAME.so``)."""
+    modules, problems = [], []
+    try:
+        with tarfile.open(tarball, "r:*") as tar:
+            for m in tar.getmembers():
+                parts = Path(m.name).parts
+                inside = (
+                    not m.name.startswith("/")
+                    and ".." not in parts
+                    and m.name.startswith(JIT_HOME_DIR + "/")
+                )
+                if not inside or not (m.isdir() or m.isfile()):
+                    problems.append(
+                        f"{m.name}: not a file or folder under {JIT_HOME_DIR}/"
+                    )
+                elif m.isfile():
+                    if len(parts) != 4 or not m.name.endswith(".so"):
+                        problems.append(f"{m.name}: not MODULE_DIR/MODULE.so")
+                    else:
+                        modules.append(m.name)
+    except (tarfile.TarError, OSError) as exc:
+        problems.append(f"{tarball}: {exc}")
+    if not modules and not problems:
+        problems.append(f"{tarball}: no module .so under {JIT_HOME_DIR}/")
+    return modules, problems
+
+
+def stage_jit(tarball: Path, root: Path = ROOT) -> Path:
+    """``root/.carry-jit/``: the tarball and ``jit.json`` (its size, sha256
+    and modules)."""
+    modules, problems = jit_members(tarball)
+    if problems:
+        raise SystemExit(f"--jit {tarball}: {problems[0]}")
+    folder = root / JIT_BATCH
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    shutil.copyfile(tarball, folder / JIT_FILE)
+    index = {
+        "file": JIT_FILE,
+        "bytes": (folder / JIT_FILE).stat().st_size,
+        "sha256": sha256(folder / JIT_FILE),
+        "home": JIT_HOME_DIR,
+        "modules": sorted(modules),
+    }
+    (folder / JIT_INDEX).write_text(json.dumps(index, indent=1) + "\n")
+    return folder
+
+
+def check_jit(root: Path = ROOT) -> list[str]:
+    """What is wrong with the JIT batch (empty: fine, or none staged)."""
+    folder = root / JIT_BATCH
+    if not folder.exists():
+        return []
+    try:
+        index = json.loads((folder / JIT_INDEX).read_text())
+        path = folder / index["file"]
+    except (OSError, ValueError, KeyError) as exc:
+        return [f"{folder / JIT_INDEX}: {exc}"]
+    if not path.is_file() or path.stat().st_size != index["bytes"]:
+        return [f"{path} missing or of the wrong size"]
+    if sha256(path) != index["sha256"]:
+        return [f"{path}: sha256 differs from {JIT_INDEX}"]
+    modules, problems = jit_members(path)
+    if sorted(modules) != index["modules"]:
+        problems.append(f"{path}: modules differ from {JIT_INDEX}")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--python", default=sys.executable, help="runs pip download")
-    p.add_argument("--batch-mib", type=float, default=60.0)
+    p.add_argument(
+        "--batch-mib",
+        type=float,
+        default=56.0,
+        help="a batch plus the working tree must stay under the 64 MiB a call carries",
+    )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument(
         "--gsm8k",
@@ -418,10 +515,29 @@ def main(argv: list[str] | None = None) -> int:
         "e2e run's client (the device reaches no network)",
     )
     p.add_argument("--check", action="store_true", help="only check the batches")
+    p.add_argument(
+        "--jit",
+        type=Path,
+        help="stage this JIT cache tarball (chain.sh jit:pack's jit-cache.tar.xz) "
+        f"as {JIT_BATCH}/ and stop",
+    )
+    p.add_argument("--check-jit", action="store_true", help=f"only check {JIT_BATCH}/")
     args = p.parse_args(argv)
+    if args.check_jit:
+        problems = check_jit() if (ROOT / JIT_BATCH).exists() else [f"no {JIT_BATCH}/"]
+        print("\n".join(problems) or f"{JIT_BATCH} matches its {JIT_INDEX}")
+        return 1 if problems else 0
+    if args.jit is not None:
+        folder = stage_jit(args.jit)
+        index = json.loads((folder / JIT_INDEX).read_text())
+        print(
+            f"{folder.name}: {len(index['modules'])} modules, "
+            f"{index['bytes'] / 2**20:.1f} MiB"
+        )
+        return 0
     lock = read_lock()
     if args.check:
-        problems = check(lock)
+        problems = check(lock) + check_jit()
         print("\n".join(problems) or "batches match wheels.lock")
         return 1 if problems else 0
     download(lock, args.python)

@@ -73,7 +73,7 @@ def sha256(path: Path) -> str:
 def find_manifest(root: Path = ROOT, state: Path = STATE) -> dict | None:
     """The manifest of a carried batch, else the one saved by an earlier
     call on this machine."""
-    for folder in sorted(root.glob(CARRY_PREFIX + "*")):
+    for folder in sorted(root.glob(CARRY_PREFIX + "[0-9]*")):
         path = folder / MANIFEST
         if path.is_file():
             return json.loads(path.read_text())
@@ -276,6 +276,47 @@ def smoke(state: Path, sites: list[str]) -> bool:
     return ok
 
 
+JIT_BATCH, JIT_INDEX = CARRY_PREFIX + "-jit", "jit.json"
+
+
+def place_jit(root: Path, state: Path, home: Path) -> str | None:
+    """The carried JIT batch (``stage.py --jit``), if any: its tarball
+    checked (sha256) and its module ``.so`` files laid out under ``home``
+    (``~/.cache/tvm-ffi``), where SGLang's ``load_jit`` loads a module it
+    finds instead of building it. Once per machine. Returns a line to print."""
+    index_path = root / JIT_BATCH / JIT_INDEX
+    if not index_path.is_file():
+        return None
+    index = json.loads(index_path.read_text())
+    marker = state / "done" / f"jit.{index['sha256'][:16]}"
+    if marker.exists():
+        return f"jit: {len(index['modules'])} modules already in {home / index['home']}"
+    path = root / JIT_BATCH / index["file"]
+    if sha256(path) != index["sha256"]:
+        return f"ERROR jit: {path}: sha256 differs from {JIT_INDEX}; nothing placed"
+    wanted = set(index["modules"])
+    if any(
+        ".." in Path(n).parts or not n.startswith(index["home"] + "/") for n in wanted
+    ):
+        return f"ERROR jit: {index_path}: a module outside {index['home']}/; nothing placed"
+    with tarfile.open(path, "r:*") as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and m.name in wanted]
+        if len(members) != len(wanted):
+            return f"ERROR jit: {path}: modules differ from {JIT_INDEX}; nothing placed"
+        for m in members:
+            dst = home / m.name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(m)
+            tmp = dst.with_suffix(".so.tmp")
+            with tmp.open("wb") as f:
+                shutil.copyfileobj(src, f)
+            tmp.chmod(0o755)
+            tmp.rename(dst)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    return f"jit: {len(members)} modules placed in {home / index['home']}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -301,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     done, errors = extract_ready(STATE, manifest, args.jobs)
     place_extras(STATE, manifest)
     plugin_layout(ROOT, STATE)
+    jit = place_jit(ROOT, STATE, Path.home())
+    if jit:
+        print(jit)
     print(
         f"unpack: {copied} parts carried in, {done} archives extracted "
         f"in {time.monotonic() - start:.1f} s into {STATE}"
