@@ -37,7 +37,9 @@ line evaluates the target: at most 200 ms added per scheduler process.
 ``load_plugins()`` only arms the repairs; each probes and applies when
 DSpark's module it patches is first imported. With ``--preload patched``
 those modules are imported already, so the probes run inside ``register``
-as before. ``--preload none`` imports nothing first and adds a phase,
+as before. ``--preload none`` imports nothing of DSpark's first (only SGLang's
+plugin loader, as the process that calls ``load_plugins()`` has) and adds a
+phase,
 ``dspark``: importing DSpark's worker module, as the scheduler does when it
 builds its speculative worker (SGLang's own import plus the probes it
 arms); each run then also runs a child without the plugin, and the table
@@ -109,7 +111,10 @@ PATCHED = (
 PRELOADS = {
     "patched": PATCHED,
     "scheduler": ("sglang.srt.managers.scheduler", *PATCHED),
-    "none": (),
+    # Nothing of DSpark's: only SGLang's plugin loader, which a process that
+    # calls load_plugins() has imported (else its import, SGLang's own, would
+    # be counted as the hooks' application).
+    "none": ("sglang.srt.plugins", "sglang.srt.plugins.hook_registry"),
 }
 
 
