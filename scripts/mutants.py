@@ -118,7 +118,8 @@ def first_failure(output: str) -> str | None:
     """The node id of the first failing test in pytest's ``-q`` summary."""
     for line in output.splitlines():
         if line.startswith(("FAILED ", "ERROR ")):
-            return line.split(" ", 2)[1]
+            # "FAILED <node id> - <message>": a parameter's id may hold spaces.
+            return line.split(" ", 1)[1].split(" - ", 1)[0]
     return None
 
 

@@ -59,6 +59,12 @@ PROJECT = {
     # The rest of the suite: f's value, and nothing of g's.
     "test/test_rest.py": "from pkg import f\n\ndef test_value():\n    assert f() == 1\n",
     "test/e2e/test_script.py": "def test_gpu_script():\n    assert False\n",
+    # A parametrized test whose id holds spaces, and g's value.
+    "test/test_spaced.py": (
+        "import pytest\nfrom pkg import g\n\n"
+        "@pytest.mark.parametrize('says', ['g is one'])\n"
+        "def test_g(says):\n    assert g() == 1\n"
+    ),
 }
 
 
@@ -95,11 +101,22 @@ def test_a_mutant_its_own_tests_see_is_killed_there(mutants, project):
     assert (outcome, by) == ("killed", "its tests: test/test_rest.py::test_value")
 
 
+def test_a_killer_whose_id_holds_spaces_is_run_again_by_that_id(mutants, project):
+    work, run = project
+    m = mutant("def g():\n    return 1", "def g():\n    return 2")
+    outcome, by, last = mutants.judge(m, work / "pkg.py", "0.5.16", run)
+    assert (outcome, by) == (
+        "killed",
+        "the suite: test/test_spaced.py::test_g[g is one]",
+    )
+
+
 def test_a_mutant_the_whole_suite_misses_survives(mutants, project):
     """The failing GPU-script test is left out as the release's session
     leaves it out (0.5.16); on 0.5.17 it runs, fails without the mutant
     too, and kills nothing."""
     work, run = project
+    (work / "test" / "test_spaced.py").unlink()
     m = mutant("def g():\n    return 1", "def g():\n    return 2")
     outcome, _, last = mutants.judge(m, work / "pkg.py", "0.5.16", run)
     assert outcome == "SURVIVED", last
