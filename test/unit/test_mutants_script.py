@@ -139,3 +139,24 @@ def test_own_tests_that_cannot_run_are_an_error(mutants, project):
                tests=["test/test_missing.py"])  # fmt: skip
     outcome, by, last = mutants.judge(m, work / "pkg.py", "0.5.16", run)
     assert (outcome, by) == ("ERROR", "its tests") and "pytest exit" in last
+
+
+def test_both_distributions_import_from_the_scratch_copy(mutants, tmp_path):
+    """The plugin and the benchmark distribution (whose package is
+    ``benchmark/`` itself) import from the copy, not from their installs:
+    a mutant in ``benchmark/`` is what its tests run."""
+    import subprocess
+
+    mutants.copy_checkout(tmp_path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(mutants.import_paths(tmp_path)))
+    code = (
+        "import sglang_dspark_dp.upstream as u\n"
+        "import sglang_dspark_dp_bench.gsm8k.client as c\n"
+        "print(u.__file__); print(c.__file__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    for line in out.stdout.split():
+        assert Path(line).is_relative_to(tmp_path), line
