@@ -87,6 +87,18 @@ def copy_checkout(dest: Path) -> None:
         shutil.copy2(src, out)
 
 
+def import_paths(work: Path) -> list[str]:
+    """What goes first on ``PYTHONPATH`` so that both distributions import
+    from the scratch copy ``work``, ahead of their installs: the plugin's
+    ``python/``, and a folder where ``sglang_dspark_dp_bench`` (whose
+    package is ``benchmark/`` itself) links to the copy's ``benchmark/``."""
+    link = work / ".mutants-import" / "sglang_dspark_dp_bench"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(work / "benchmark", target_is_directory=True)
+    return [str(work / "python"), str(link.parent)]
+
+
 def live_repairs() -> set[str]:
     """The repairs enabled on the installed release (a fresh process)."""
     code = (
@@ -118,7 +130,8 @@ def first_failure(output: str) -> str | None:
     """The node id of the first failing test in pytest's ``-q`` summary."""
     for line in output.splitlines():
         if line.startswith(("FAILED ", "ERROR ")):
-            return line.split(" ", 2)[1]
+            # "FAILED <node id> - <message>": a parameter's id may hold spaces.
+            return line.split(" ", 1)[1].split(" - ", 1)[0]
     return None
 
 
@@ -200,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     copy_checkout(work)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(work / "python"), str(work / "benchmark")]
-        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        import_paths(work) + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
     live = live_repairs()
     import importlib.metadata as md

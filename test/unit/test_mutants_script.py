@@ -59,6 +59,12 @@ PROJECT = {
     # The rest of the suite: f's value, and nothing of g's.
     "test/test_rest.py": "from pkg import f\n\ndef test_value():\n    assert f() == 1\n",
     "test/e2e/test_script.py": "def test_gpu_script():\n    assert False\n",
+    # A parametrized test whose id holds spaces, and g's value.
+    "test/test_spaced.py": (
+        "import pytest\nfrom pkg import g\n\n"
+        "@pytest.mark.parametrize('says', ['g is one'])\n"
+        "def test_g(says):\n    assert g() == 1\n"
+    ),
 }
 
 
@@ -95,11 +101,22 @@ def test_a_mutant_its_own_tests_see_is_killed_there(mutants, project):
     assert (outcome, by) == ("killed", "its tests: test/test_rest.py::test_value")
 
 
+def test_a_killer_whose_id_holds_spaces_is_run_again_by_that_id(mutants, project):
+    work, run = project
+    m = mutant("def g():\n    return 1", "def g():\n    return 2")
+    outcome, by, last = mutants.judge(m, work / "pkg.py", "0.5.16", run)
+    assert (outcome, by) == (
+        "killed",
+        "the suite: test/test_spaced.py::test_g[g is one]",
+    )
+
+
 def test_a_mutant_the_whole_suite_misses_survives(mutants, project):
     """The failing GPU-script test is left out as the release's session
     leaves it out (0.5.16); on 0.5.17 it runs, fails without the mutant
     too, and kills nothing."""
     work, run = project
+    (work / "test" / "test_spaced.py").unlink()
     m = mutant("def g():\n    return 1", "def g():\n    return 2")
     outcome, _, last = mutants.judge(m, work / "pkg.py", "0.5.16", run)
     assert outcome == "SURVIVED", last
@@ -122,3 +139,24 @@ def test_own_tests_that_cannot_run_are_an_error(mutants, project):
                tests=["test/test_missing.py"])  # fmt: skip
     outcome, by, last = mutants.judge(m, work / "pkg.py", "0.5.16", run)
     assert (outcome, by) == ("ERROR", "its tests") and "pytest exit" in last
+
+
+def test_both_distributions_import_from_the_scratch_copy(mutants, tmp_path):
+    """The plugin and the benchmark distribution (whose package is
+    ``benchmark/`` itself) import from the copy, not from their installs:
+    a mutant in ``benchmark/`` is what its tests run."""
+    import subprocess
+
+    mutants.copy_checkout(tmp_path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(mutants.import_paths(tmp_path)))
+    code = (
+        "import sglang_dspark_dp.upstream as u\n"
+        "import sglang_dspark_dp_bench.gsm8k.client as c\n"
+        "print(u.__file__); print(c.__file__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    for line in out.stdout.split():
+        assert Path(line).is_relative_to(tmp_path), line
