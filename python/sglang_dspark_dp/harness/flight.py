@@ -59,9 +59,15 @@ def _raw(stack_traces: bool) -> bytes:
 def dump(directory: str, rank: int) -> str:
     """Write this process's flight-recorder buffer (with stack traces) to
     ``directory`` as rank ``rank``'s dump; returns its path."""
+    return dump_to(os.path.join(directory, f"{PREFIX}{rank}"))
+
+
+def dump_to(path: str) -> str:
+    """Write this process's flight-recorder buffer (with stack traces) to
+    ``path`` (a real server's dump name: ``TORCH_FR_DUMP_TEMP_FILE`` and
+    the rank); returns it."""
     raw = _raw(stack_traces=True)
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{PREFIX}{rank}")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.partial"
     with open(tmp, "wb") as f:
         f.write(raw)

@@ -111,6 +111,9 @@ class StartupConfig:
     #: Join the group first, then load the plugin through SGLang's
     #: ``load_plugins()`` (needs ``fix``).
     after_init: bool = False
+    #: The consensus watch in every rank (:mod:`sglang_dspark_dp.watch`),
+    #: hooked after the repairs: its mode (``exit`` or ``log``), None: off.
+    watch: str | None = None
 
     @property
     def layout(self) -> world.Layout:
@@ -204,6 +207,8 @@ class StartupConfig:
                 f"and no probe_fails, got fix={self.fix!r}, "
                 f"probe_fails={self.probe_fails!r}"
             )
+        if self.watch is not None and self.watch not in ("exit", "log"):
+            raise CannotRun(f"watch must be 'exit', 'log' or None, got {self.watch!r}")
         if self.spec_tp_sync is not None and not isinstance(self.spec_tp_sync, str):
             raise CannotRun(
                 f"spec_tp_sync must be a string or None, got {self.spec_tp_sync!r}"
@@ -229,6 +234,8 @@ class RankOutcome:
     folded: bool | None = None
     #: Every repair's ``{repair, outcome, reason}`` on this rank.
     statuses: tuple[dict[str, str], ...] = ()
+    #: The watch's alarm lines on this rank (``watch="log"``).
+    alarms: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -418,6 +425,7 @@ def stand_in_worker(
     dp_tp: Any,
     dense_draft: bool,
     on_capture: Any,
+    dp_attention: bool = False,
 ) -> tuple[Any, Any]:
     """A stand-in worker over these groups whose draft capture calls
     ``on_capture(capture)``, and the recorder of its free-memory readings."""
@@ -432,6 +440,7 @@ def stand_in_worker(
         on_capture=on_capture,
         runner_group=runner_tp,
         dense_draft=dense_draft,
+        dp_attention=dp_attention,
     )
     return worker, standins.RecordedReadings(
         adapter.memory_helper_sites(module, worker)
@@ -492,6 +501,8 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
     else:
         for repair in repairs:
             repair.uninstrument()
+    if cfg.watch is not None:
+        world.watch_on(cfg.watch)
     world.join(rank, cfg.world, port, cfg.timeout_s)
     if cfg.after_init:
         adapter.load_plugins()
@@ -518,6 +529,7 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
         dp_tp=dp_tp,
         dense_draft=cfg.dense_draft,
         on_capture=draft_capture,
+        dp_attention=cfg.dp_attention,
     )
     decision, detail = ERROR, ""
     try:
@@ -532,6 +544,7 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
             detail = f"no peer reached the capture barrier within {cfg.hang_s:g} s"
         else:
             detail = f"{type(exc).__name__}: {exc}"[-500:]
+    alarms = world.watch_off() if cfg.watch is not None else []
     # The capture decision's reading comes first (the folded-sampling
     # decision, where it reads its own, comes after).
     readings = recorded.readings
@@ -555,6 +568,7 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
             {"repair": st.repair, "outcome": st.outcome.value, "reason": st.reason}
             for st in registry.status()
         ],
+        "alarms": alarms,
     }
 
 
@@ -606,6 +620,7 @@ def run_startup(cfg: StartupConfig) -> StartupResult:
                 repair=report.get("status", {}).get("outcome", ""),
                 folded=report.get("folded"),
                 statuses=tuple(report.get("statuses", ())),
+                alarms=tuple(report.get("alarms", ())),
             )
         )
     status = next(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 from typing import Any
 
 from sglang_dspark_dp.harness import groups
@@ -114,3 +115,25 @@ def verify_group(
         layout_groups, rank, name="tp", timeout_s=hang_s, coordinator=coordinator
     )
     return group, layout_groups.index(groups.group_of(layout_groups, rank))
+
+
+def watch_on(how: str) -> list[str]:
+    """This rank's watch on in ``how`` mode (``exit``/``log``), its sites
+    hooked outside whatever repairs the rank instrumented, as a server's
+    arming does; the sites hooked."""
+    from sglang_dspark_dp import registry, settings, watch, watch_sites
+
+    watch.tell_repairs(registry.repairs)
+    os.environ[settings.WATCH_ENV] = "1"
+    os.environ[settings.WATCH_MODE_ENV] = how
+    watch_sites.load_site_modules()
+    return watch_sites.instrument(apply=True)
+
+
+def watch_off() -> list[str]:
+    """Compare what this rank's watch still holds, stop it; its alarms."""
+    from sglang_dspark_dp import watch
+
+    found = watch.alarms()
+    watch.shutdown()
+    return found
