@@ -36,7 +36,10 @@ class GroupVerdict:
         why: str = "",
         *,
         consequence: str = "runs stock SGLang here",
+        what: str = "probe",
     ) -> None:
+        #: What failed on a rank whose verdict is not ok (its line).
+        self.what = what
         self.repair = repair
         #: What every rank of the group does when one rank's verdict fails.
         self.consequence = consequence
@@ -62,9 +65,9 @@ class GroupVerdict:
                     logger.warning(
                         "sglang-dspark-dp: %s: %s; every rank of its group of %d %s",
                         self.repair,
-                        "this rank's probe failed (" + self.why + ")"
+                        f"this rank's {self.what} failed ({self.why})"
                         if not self.ok
-                        else "another rank's probe failed",
+                        else f"another rank's {self.what} failed",
                         world_size,
                         self.consequence,
                     )

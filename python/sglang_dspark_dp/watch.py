@@ -220,14 +220,16 @@ class Channel:
 
         gathered: list[Any] = [None] * len(self.ranks)
         dist.all_gather_object(gathered, events, group=self.pg)
-        first = first_difference(gathered)
-        if first is None:  # the hashes differed, the events do not
-            return
-        line = alarm_line(self.ranks, gathered, first)
-        decision = gathered[0][first].decision
-        if self.mode == LOG and decision in self._reported:
-            return
-        self._reported.add(decision)
+        for i in differences(gathered):
+            decision = gathered[0][i].decision
+            if decision in self._reported:
+                continue  # log mode: each decision's first divergence
+            self._reported.add(decision)
+            self._alarm(alarm_line(self.ranks, gathered, i))
+
+    def _alarm(self, line: str) -> None:
+        import torch.distributed as dist
+
         where = dump_flight_recorder(dist.get_rank())
         if where:
             line += f"; flight recorder dumped to {where}"
@@ -251,12 +253,13 @@ class Channel:
 # --------------------------------------------------------------------------
 
 
-def first_difference(gathered: list[list[Event]]) -> int | None:
-    """The index of the first event the ranks' batches differ on."""
-    for i in range(min(len(batch) for batch in gathered)):
-        if len({repr(batch[i].compared()) for batch in gathered}) > 1:
-            return i
-    return None
+def differences(gathered: list[list[Event]]) -> list[int]:
+    """The indices of the events the ranks' batches differ on, in order."""
+    return [
+        i
+        for i in range(min(len(batch) for batch in gathered))
+        if len({repr(batch[i].compared()) for batch in gathered}) > 1
+    ]
 
 
 def alarm_line(ranks: tuple[int, ...], gathered: list[list[Event]], i: int) -> str:
@@ -428,8 +431,9 @@ def channel(group: Any) -> Channel | None:
         verdict = GroupVerdict(
             NAME,
             ok,
-            f"it cannot watch: {why}" if not ok else "",
+            why,
             consequence="serves unwatched",
+            what="watch",
         )
         made: Channel | None = None
         if verdict.agree(cpu_group, size):

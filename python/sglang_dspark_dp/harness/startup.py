@@ -114,6 +114,8 @@ class StartupConfig:
     #: The consensus watch in every rank (:mod:`sglang_dspark_dp.watch`),
     #: hooked after the repairs: its mode (``exit`` or ``log``), None: off.
     watch: str | None = None
+    #: With ``watch``: ranks that cannot watch (a fault injected there).
+    watch_fails: tuple[int, ...] = ()
 
     @property
     def layout(self) -> world.Layout:
@@ -195,12 +197,14 @@ class StartupConfig:
                         f"{value!r}"
                     )
         check_timing(self, CannotRun)
-        bad = [r for r in self.probe_fails if not is_int(r) or not 0 <= r < self.world]
-        if bad:
-            raise CannotRun(
-                f"probe_fails must name ranks 0-{self.world - 1}, got "
-                f"{self.probe_fails!r}"
-            )
+        for field in ("probe_fails", "watch_fails"):
+            value = getattr(self, field)
+            if not isinstance(value, tuple) or any(
+                not is_int(r) or not 0 <= r < self.world for r in value
+            ):
+                raise CannotRun(
+                    f"{field} must name ranks 0-{self.world - 1}, got {value!r}"
+                )
         if self.after_init and (not self.fix or self.probe_fails):
             raise CannotRun(
                 "after_init loads the plugin as a server does: it needs fix=True "
@@ -292,6 +296,11 @@ class StartupResult:
         return all(r.finished for r in ranks) and (
             len({(r.decision, r.folded) for r in ranks}) == 1
         )
+
+    def group_agrees(self, ranks: list[RankOutcome]) -> bool:
+        """Whether one capture group's ranks (of :meth:`by_group`) finished
+        with the same decisions."""
+        return self._agree(ranks)
 
     @property
     def agree(self) -> bool:
@@ -502,7 +511,7 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
         for repair in repairs:
             repair.uninstrument()
     if cfg.watch is not None:
-        world.watch_on(cfg.watch)
+        world.watch_on(cfg.watch, fails=rank in cfg.watch_fails)
     world.join(rank, cfg.world, port, cfg.timeout_s)
     if cfg.after_init:
         adapter.load_plugins()

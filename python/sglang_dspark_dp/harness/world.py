@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import os
+import sys
 from typing import Any
 
 from sglang_dspark_dp.harness import groups
@@ -117,12 +119,21 @@ def verify_group(
     return group, layout_groups.index(groups.group_of(layout_groups, rank))
 
 
-def watch_on(how: str) -> list[str]:
+def watch_on(how: str, *, fails: bool = False) -> list[str]:
     """This rank's watch on in ``how`` mode (``exit``/``log``), its sites
     hooked outside whatever repairs the rank instrumented, as a server's
-    arming does; the sites hooked."""
+    arming does; the sites hooked. ``fails``: this rank cannot watch (a
+    fault injected in this process only)."""
     from sglang_dspark_dp import registry, settings, watch, watch_sites
 
+    if fails:
+        watch.can_watch = lambda: (False, "fault injected on this rank")
+    # The rank's lines reach its stderr, as a server's configured logging
+    # shows them (whatever handlers the parent left on the root logger).
+    logger = logging.getLogger("sglang_dspark_dp")
+    logger.handlers = [logging.StreamHandler(sys.stderr)]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
     watch.tell_repairs(registry.repairs)
     os.environ[settings.WATCH_ENV] = "1"
     os.environ[settings.WATCH_MODE_ENV] = how
