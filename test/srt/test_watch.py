@@ -181,6 +181,8 @@ def test_log_mode_logs_and_serves_on(sglang_version):
         assert len(r.alarms) == 1, r
         assert "draft CUDA-graph capture" in r.alarms[0]
         assert "SGLANG_DSPARK_DP_WATCH=log" in r.alarms[0]
+        # Said before the draft worker was told, so before any barrier.
+        assert r.alarms_before_capture == 1, r
     # Served on: the short rank skipped capture, the other went on into the
     # capture barrier and waited there (the stock hang, now named).
     by_rank = {r.rank: r for r in result.ranks}

@@ -240,6 +240,9 @@ class RankOutcome:
     statuses: tuple[dict[str, str], ...] = ()
     #: The watch's alarm lines on this rank (``watch="log"``).
     alarms: tuple[str, ...] = ()
+    #: How many of them it had logged when the draft worker was told its
+    #: capture decision, before any capture barrier (None: not told).
+    alarms_before_capture: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -523,8 +526,14 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
     told: list[bool] = []
     in_barrier: list[bool] = []
 
+    said_before: list[int] = []
+
     def draft_capture(capture_decode_cuda_graph: bool) -> None:
         told.append(capture_decode_cuda_graph)
+        if cfg.watch is not None:  # what the watch had said by now
+            from sglang_dspark_dp import watch
+
+            said_before.append(len(watch.alarms()))
         if capture_decode_cuda_graph and cfg.barrier:
             in_barrier.append(True)
             capture.barrier()  # as FullCudaGraphBackend's capture_one does
@@ -578,6 +587,7 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
             for st in registry.status()
         ],
         "alarms": alarms,
+        "alarms_before_capture": said_before[-1] if said_before else None,
     }
 
 
@@ -630,6 +640,7 @@ def run_startup(cfg: StartupConfig) -> StartupResult:
                 folded=report.get("folded"),
                 statuses=tuple(report.get("statuses", ())),
                 alarms=tuple(report.get("alarms", ())),
+                alarms_before_capture=report.get("alarms_before_capture"),
             )
         )
     status = next(
