@@ -24,6 +24,9 @@ WATCH_ENV = "SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"
 #: the process) or ``log`` (log and keep serving).
 WATCH_MODE_ENV = "SGLANG_DSPARK_DP_WATCH"
 WATCH_MODES = ("exit", "log")
+#: How long the watch's own group waits for a peer, in seconds (default
+#: 600); past it the group stops watching (one line) and serves on.
+WATCH_TIMEOUT_ENV = "SGLANG_DSPARK_DP_WATCH_TIMEOUT_S"
 
 _ON = frozenset({"1", "true", "yes", "on"})
 _OFF = frozenset({"", "0", "false", "no", "off"})

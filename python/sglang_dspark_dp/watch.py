@@ -47,6 +47,7 @@ from sglang_dspark_dp.settings import (
     WATCH_ENV,
     WATCH_MODE_ENV,
     WATCH_MODES,
+    WATCH_TIMEOUT_ENV,
     choice,
     switch,
 )
@@ -58,7 +59,7 @@ EXIT, LOG = WATCH_MODES
 NAME = "watch"
 #: How long the watch's own group waits for a peer before it gives up
 #: (the channel then stops, one line, and its group serves unwatched).
-TIMEOUT_ENV = "SGLANG_DSPARK_DP_WATCH_TIMEOUT_S"
+TIMEOUT_ENV = WATCH_TIMEOUT_ENV
 DEFAULT_TIMEOUT_S = 600.0
 #: Where the flight recorder dumps when ``TORCH_FR_DUMP_TEMP_FILE`` is not
 #: set (PyTorch's own prefix variable; the rank is appended).
@@ -467,13 +468,15 @@ def alarms() -> list[str]:
     return [line for c in channels() for line in c.alarms]
 
 
-def shutdown(timeout_s: float = 10.0) -> None:
-    """Compare what is queued, stop every channel and forget them."""
+def shutdown(timeout_s: float = 10.0) -> list[str]:
+    """Compare what is queued, stop every channel and forget them; every
+    alarm line they logged."""
     with _lock:
         found = channels()
         _channels.clear()
     for c in found:
         c.close(timeout_s)
+    return [line for c in found for line in c.alarms]
 
 
 def threads() -> list[threading.Thread]:

@@ -244,3 +244,38 @@ def test_with_the_plugin_compact_verify_is_silent(capfd):
     assert alarm_lines(err) == [], err[-3000:]
     assert result.complete and result.agree, result.summary()
     assert all(lines == () for lines in result.alarms.values())
+
+
+# --------------------------------------------------------------------------
+# verify --watch: each defect named first by the watch; silent with the fix.
+# --------------------------------------------------------------------------
+
+WATCH_VERIFY = ["verify", "--steps", "5", "--dp", "4", "--no-progress", "--watch"]
+
+
+def watch_said(stdout: str) -> list[str]:
+    return [x.strip() for x in stdout.splitlines() if x.startswith("  watch:")]
+
+
+def test_verify_watch_names_each_defect_first_and_stays_silent_with_the_fix(
+    plugin, sglang_version
+):
+    from known_releases import backport_fixes
+    from srt_helpers import cli
+
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    row = releases_row(sglang_version)
+    stock = cli([*WATCH_VERIFY, "--no-fix"])
+    assert stock.returncode == 1, stock.stdout + stock.stderr[-2000:]
+    said = watch_said(stock.stdout)
+    assert said, stock.stdout
+    assert not [x for x in said if not x.startswith("watch: named it first: ")], said
+    capture = [x for x in said if "draft CUDA-graph capture decision" in x]
+    if row["startup_tp"] or row["startup_dp"]:
+        assert capture, said
+    if row["compact_verify"]:
+        assert any("#31195 verify-budget-broadcast" in x for x in said), said
+    fixed = cli(WATCH_VERIFY)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr[-2000:]
+    assert watch_said(fixed.stdout) == [], fixed.stdout

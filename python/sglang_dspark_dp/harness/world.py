@@ -145,6 +145,4 @@ def watch_off() -> list[str]:
     """Compare what this rank's watch still holds, stop it; its alarms."""
     from sglang_dspark_dp import watch
 
-    found = watch.alarms()
-    watch.shutdown()
-    return found
+    return watch.shutdown()
