@@ -61,9 +61,6 @@ NAME = "watch"
 #: (the channel then stops, one line, and its group serves unwatched).
 TIMEOUT_ENV = WATCH_TIMEOUT_ENV
 DEFAULT_TIMEOUT_S = 600.0
-#: Where the flight recorder dumps when ``TORCH_FR_DUMP_TEMP_FILE`` is not
-#: set (PyTorch's own prefix variable; the rank is appended).
-FLIGHT_DUMP_ENV = "TORCH_FR_DUMP_TEMP_FILE"
 
 
 def enabled() -> bool:
@@ -358,15 +355,15 @@ def dump_flight_recorder(rank: int) -> str:
     """Where ``TORCH_FR_BUFFER_SIZE`` is set: this process's flight recorder
     dumped as ``TORCH_FR_DUMP_TEMP_FILE`` + rank (default: a
     ``fr_trace_rank_`` file in the temporary folder); its path, or empty."""
-    from sglang_dspark_dp.harness import flight
+    from sglang_dspark_dp import flight_dump
 
-    if not os.environ.get(flight.BUFFER_ENV, "").strip():
+    if not os.environ.get(flight_dump.BUFFER_ENV, "").strip():
         return ""
-    prefix = os.environ.get(FLIGHT_DUMP_ENV) or os.path.join(
-        tempfile.gettempdir(), "sglang_dspark_dp_watch", flight.PREFIX
+    prefix = os.environ.get(flight_dump.DUMP_ENV) or os.path.join(
+        tempfile.gettempdir(), "sglang_dspark_dp_watch", flight_dump.PREFIX
     )
     try:
-        return flight.dump_to(f"{prefix}{rank}")
+        return flight_dump.dump_to(f"{prefix}{rank}")
     except Exception as exc:
         return f"nowhere ({type(exc).__name__}: {exc})"
 

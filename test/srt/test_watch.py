@@ -173,9 +173,16 @@ def test_with_the_plugin_the_watch_is_silent(capfd):
     assert all(r.alarms == () for r in result.ranks)
 
 
-def test_log_mode_logs_and_serves_on(sglang_version):
+def test_log_mode_logs_dumps_the_flight_recorder_and_serves_on(
+    sglang_version, monkeypatch, tmp_path
+):
     if not releases_row(sglang_version)["startup_tp"]:
         pytest.skip(f"sglang {sglang_version} agrees on draft capture under plain TP")
+    from sglang_dspark_dp import flight_dump
+    from sglang_dspark_dp.harness import flight
+
+    monkeypatch.setenv(flight_dump.BUFFER_ENV, "200")
+    monkeypatch.setenv(flight_dump.DUMP_ENV, str(tmp_path / "trace_rank_"))
     result = run_startup(tp=2, fix=False, watch="log")
     for r in result.ranks:
         assert len(r.alarms) == 1, r
@@ -183,6 +190,11 @@ def test_log_mode_logs_and_serves_on(sglang_version):
         assert "SGLANG_DSPARK_DP_WATCH=log" in r.alarms[0]
         # Said before the draft worker was told, so before any barrier.
         assert r.alarms_before_capture == 1, r
+        dumped = tmp_path / f"trace_rank_{r.rank}"
+        assert f"flight recorder dumped to {dumped}" in r.alarms[0]
+    dumps = flight.load_dir(str(tmp_path))
+    assert sorted(dumps) == [0, 1]
+    assert all(d.entries for d in dumps.values()), dumps
     # Served on: the short rank skipped capture, the other went on into the
     # capture barrier and waited there (the stock hang, now named).
     by_rank = {r.rank: r for r in result.ranks}
