@@ -176,14 +176,18 @@ def test_with_the_plugin_the_watch_is_silent(capfd):
 def test_log_mode_logs_dumps_the_flight_recorder_and_serves_on(
     sglang_version, monkeypatch, tmp_path
 ):
-    if not releases_row(sglang_version)["startup_tp"]:
-        pytest.skip(f"sglang {sglang_version} agrees on draft capture under plain TP")
+    row = releases_row(sglang_version)
+    if not (row["startup_tp"] or row["startup_dp"]):
+        pytest.skip(f"sglang {sglang_version} agrees on draft capture")
     from sglang_dspark_dp import flight_dump
     from sglang_dspark_dp.harness import flight
 
     monkeypatch.setenv(flight_dump.BUFFER_ENV, "200")
     monkeypatch.setenv(flight_dump.DUMP_ENV, str(tmp_path / "trace_rank_"))
-    result = run_startup(tp=2, fix=False, watch="log")
+    # Plain TP where the release parts there, else DP attention (attention
+    # TP 1, the draft capturing on the TP group).
+    dp = 1 if row["startup_tp"] else 2
+    result = run_startup(tp=2, dp=dp, fix=False, watch="log")
     for r in result.ranks:
         assert len(r.alarms) == 1, r
         assert "draft CUDA-graph capture" in r.alarms[0]
