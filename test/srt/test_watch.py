@@ -295,3 +295,39 @@ def test_verify_watch_names_each_defect_first_and_stays_silent_with_the_fix(
     fixed = cli(WATCH_VERIFY)
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr[-2000:]
     assert watch_said(fixed.stdout) == [], fixed.stdout
+
+
+def run_late(**kwargs) -> compact_verify.CompactResult:
+    result = compact_verify.run_compact_verify(
+        compact_verify.CompactConfig(
+            scenario=compact_verify.LATE,
+            tp=2,
+            groups=2,
+            steps=12,
+            late_every=3,
+            hang_s=HANG_S,
+            timeout_s=90.0,
+            **kwargs,
+        )
+    )
+    assert no_children_left()
+    return result
+
+
+def test_a_late_relay_is_named_with_relay_wait_and_silent_with_the_plugin(
+    sglang_version, capfd
+):
+    if not releases_row(sglang_version)["late_relay"]:
+        pytest.skip(f"sglang {sglang_version} waits for a late confidence copy")
+    stock = run_late(fix=False, watch="log")
+    assert not stock.agree or stock.late_steps, stock.summary()
+    said = [line for lines in stock.alarms.values() for line in lines]
+    assert said, stock.summary()
+    first = said[0]
+    assert "verify" in first and "relay-wait" in first, said
+    assert "#31195 verify-budget-broadcast" in first, said
+    capfd.readouterr()  # the stock run's lines
+    fixed = run_late(fix=True, watch="exit")
+    err = capfd.readouterr().err
+    assert alarm_lines(err) == [], err[-3000:]
+    assert fixed.complete and fixed.agree, fixed.summary()
