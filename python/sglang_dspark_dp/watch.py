@@ -32,17 +32,16 @@ of this exists: no hook, no thread, no group.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import hashlib
 import logging
 import os
-import queue
 import tempfile
 import threading
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from sglang_dspark_dp.settings import (
     WATCH_ENV,
@@ -83,11 +82,11 @@ class Decision:
     name: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     """One decision one rank took: compared by ``(decision, step, key)``;
     ``shown`` is what the line prints of it; ``changes`` the upstream
-    changes (:mod:`sglang_dspark_dp.upstream` keys) it belongs to."""
+    changes (:mod:`sglang_dspark_dp.upstream` keys) it belongs to. A tuple:
+    the scheduler thread builds several per step."""
 
     decision: str
     step: Any
@@ -102,9 +101,6 @@ class Event:
         return self.shown
 
 
-_STOP = object()
-
-
 class Channel:
     """One decision group's watch: its dedicated gloo group, queue and
     thread (see the module)."""
@@ -117,7 +113,11 @@ class Channel:
         self.steps: dict[str, int] = {}
         self.stopped = ""
         self._reported: set[str] = set()
-        self._queue: queue.Queue[Any] = queue.Queue()
+        # deque.append is atomic and takes no lock: the scheduler thread's
+        # whole cost of a decision; the thread polls every GATHER_S.
+        self._queue: collections.deque[Any] = collections.deque()
+        self._wake = threading.Event()
+        self._stopping = False
         self._thread = threading.Thread(
             target=self._drain,
             name=f"sglang-dspark-dp-watch-{'-'.join(map(str, ranks))}",
@@ -135,20 +135,22 @@ class Channel:
 
     def note(self, event: Event) -> None:
         """Enqueue one decision (never waits)."""
-        self._queue.put((event, None))
+        self._queue.append((event, None))
 
     def check_now(self, event: Event) -> None:
         """Enqueue one decision and wait until the group has compared it
         (startup decisions, before the collective they lead to)."""
         done = threading.Event()
-        self._queue.put((event, done))
+        self._queue.append((event, done))
+        self._wake.set()
         while not done.wait(0.2):
             if not self._thread.is_alive():
                 return
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Compare what is queued, stop the thread, destroy the group."""
-        self._queue.put(_STOP)
+        self._stopping = True
+        self._wake.set()
         self._thread.join(timeout_s)
         if not self._thread.is_alive():
             import torch.distributed as dist
@@ -167,28 +169,24 @@ class Channel:
     def _drain(self) -> None:
         try:
             while True:
-                first = self._queue.get()
-                if first is _STOP:
-                    return
                 # Let a few steps' decisions gather: fewer, larger drains
-                # (the thread takes the GIL from the scheduler less often).
-                time.sleep(GATHER_S)
-                batch = [first]
-                stop = False
-                for _ in range(self._min_len(self._queue.qsize())):
-                    item = self._queue.get()
-                    if item is _STOP:
-                        stop = True
-                        break
-                    batch.append(item)
+                # (the thread takes the GIL from the scheduler less often);
+                # a startup check or the stop wakes it at once.
+                self._wake.wait(GATHER_S)
+                self._wake.clear()
+                queued = len(self._queue)
+                if not queued:
+                    if self._stopping:
+                        return
+                    continue
+                # Lock-step: as many as every rank of the group has.
+                batch = [self._queue.popleft() for _ in range(self._min_len(queued))]
                 events = [event for event, _ in batch]
                 if self._differ(events):
                     self._report(events)
                 for _, done in batch:
                     if done is not None:
                         done.set()
-                if stop:
-                    return
         except Exception as exc:  # a peer gone, a group torn down
             self.stopped = f"{type(exc).__name__}: {exc}"
             logger.warning(
@@ -213,11 +211,13 @@ class Channel:
         digest = hashlib.sha1()
         for event in events:
             digest.update(repr(event.compared()).encode())
-        low = torch.tensor(list(digest.digest()), dtype=torch.uint8)
-        high = low.clone()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self.pg)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=self.pg)
-        return not torch.equal(low, high)
+        # One collective: the maximum of each byte and of its complement
+        # (255 - the minimum); equal digests leave them complementary.
+        mine = list(digest.digest())
+        both = torch.tensor(mine + [255 - b for b in mine], dtype=torch.int32)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.pg)
+        n = len(mine)
+        return not torch.equal(both[:n], 255 - both[n:])
 
     def _report(self, events: list[Event]) -> None:
         import torch.distributed as dist
@@ -449,6 +449,11 @@ def channel(group: Any) -> Channel | None:
                     use_local_synchronization=True,
                 )
                 made = Channel(ranks, pg, mode())
+                logger.info(
+                    "sglang-dspark-dp: watch: watching ranks %s (on a mismatch: %s)",
+                    list(ranks),
+                    "log and end the process" if made.mode == EXIT else "log",
+                )
             except Exception as exc:
                 logger.warning(
                     "sglang-dspark-dp: watch: group %s cannot be watched (its own "

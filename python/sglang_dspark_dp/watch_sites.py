@@ -54,6 +54,7 @@ class Site:
     name: str
     module: str
     build: Callable[[], tuple[str, type, str, Any]]
+    decisions: tuple[str, ...] = ()
     hooked: tuple[str, type, str, Any, Any] | None = None  # ... and the stock
 
 
@@ -109,9 +110,15 @@ def _startup() -> tuple[str, type, str, Any]:
 def _verify() -> tuple[str, type, str, Any]:
     from sglang_dspark_dp import adapter
     from sglang_dspark_dp.adapter import planner as sg_planner
+    from sglang_dspark_dp.outcome import DidNotEnable
 
     module, cls = sg_planner.load_planner()
     shape = sg_planner.group_shape(module)
+    if shape is None:
+        raise DidNotEnable(
+            "this build's planner runs no verify_lens broadcast (no group whose "
+            "ranks must agree on these decisions)"
+        )
     found: dict[int, tuple[Any, Any]] = {}
 
     def group_of(planner: Any) -> tuple[Any, Any]:
@@ -172,8 +179,13 @@ def _verify() -> tuple[str, type, str, Any]:
 
 
 SITES: tuple[Site, ...] = (
-    Site("startup", WORKER_MODULE, _startup),
-    Site("compact-verify", PLANNER_MODULE, _verify),
+    Site("startup", WORKER_MODULE, _startup, (CAPTURE,)),
+    Site(
+        "compact-verify",
+        PLANNER_MODULE,
+        _verify,
+        (VERIFY_BUDGET, VERIFY_BROADCAST, VERIFY_TIER),
+    ),
 )
 
 
@@ -217,6 +229,31 @@ def uninstrument() -> None:
         target, owner, attr, around, stock = site.hooked
         adapter.remove_hook(target, around, owner, attr, stock)
         site.hooked = None
+
+
+def survey() -> list[dict[str, Any]]:
+    """Each site on this build, hooked or not: its decisions and whether
+    its hook can be built here (``reason`` says why not). Builds the hooks
+    without registering them (imports the sites' modules)."""
+    out = []
+    for site in SITES:
+        reason = None
+        if site.hooked is None:
+            try:
+                importlib.import_module(site.module)
+                site.build()
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+        out.append(
+            {
+                "site": site.name,
+                "decisions": list(site.decisions),
+                "watchable": reason is None,
+                "hooked": site.hooked is not None,
+                "reason": reason,
+            }
+        )
+    return out
 
 
 def hooked() -> list[str]:
