@@ -44,6 +44,18 @@ DECODE_LINE = re.compile(
     r"cuda graph: (?P<graph>True|False)"
 )
 PLUGIN_CRASH = "TypeError: 'NoneType' object is not iterable"
+# The consensus watch's lines (sglang_dspark_dp.watch): one per group it
+# watches, and the critical line on a mismatch:
+#   "... watch: ranks [0, 1] part ways on the D decision at S: rank 0: V0;
+#    rank 1: V1; CHANGES"
+WATCHING_LINE = re.compile(
+    r"sglang-dspark-dp: watch: watching ranks \[(?P<ranks>[\d, ]+)\]"
+)
+ALARM_LINE = re.compile(
+    r"sglang-dspark-dp: watch: ranks \[(?P<ranks>[\d, ]+)\] part ways on "
+    r"(?P<what>the (?P<decision>.+?) decision|the order of decisions \(.+?\)) "
+    r"at (?P<step>.+?): (?P<values>rank \d+: .*)$"
+)
 
 # Fixed token-id prompts: four hand-made ones, then seeded random ones of
 # growing length (ids 3..2046: no bos/eos/pad, not the mask token 2047).
@@ -365,6 +377,86 @@ def compare_detail(a: list[dict], b: list[dict]) -> tuple[bool, str, dict[str, A
 BENCH_FIELDS = ("output_throughput", "median_ttft_ms", "median_itl_ms")
 BENCH_PROMPTS = 64
 BENCH_SEED = 24
+
+
+def parse_alarm(line: str) -> dict[str, Any] | None:
+    """The watch's alarm line's parts: the ranks, the decision, the step,
+    each rank's value and the upstream-change text; None if ``line`` is
+    not one (or a part is missing: no value for a rank it names)."""
+    m = ALARM_LINE.search(line)
+    if not m:
+        return None
+    ranks = [int(r) for r in m.group("ranks").split(",")]
+    rest = m.group("values")
+    values: dict[int, str] = {}
+    for i, rank in enumerate(ranks):
+        head = f"rank {rank}: "
+        if not rest.startswith(head):
+            return None
+        rest = rest[len(head) :]
+        end = f"; rank {ranks[i + 1]}: " if i + 1 < len(ranks) else "; "
+        cut = rest.find(end)
+        if cut < 0:
+            return None
+        values[rank] = rest[:cut]
+        rest = rest[cut + 2 :]
+    return {
+        "ranks": ranks,
+        "decision": m.group("decision") or m.group("what"),
+        "step": m.group("step"),
+        "values": values,
+        "changes": rest,
+    }
+
+
+def check_watch(lines: Iterable[str], gpus: int) -> tuple[bool, str, dict[str, Any]]:
+    """``watch: no alarm``: the plugin server ran with the watch on and no
+    rank logged an alarm. With more than one GPU the watch must have said
+    it was watching (a group of one rank has nothing to compare)."""
+    watching: list[str] = []
+    alarms: list[str] = []
+    for line in lines:
+        if ALARM_LINE.search(line) or "sglang-dspark-dp: watch: ranks" in line:
+            alarms.append(line.strip())
+        elif WATCHING_LINE.search(line):
+            watching.append(line.strip())
+    values = {"watching": len(watching), "alarms": len(alarms), "gpus": gpus}
+    if alarms:
+        return False, f"{len(alarms)} alarm lines, first: {alarms[0]}", values
+    if gpus > 1 and not watching:
+        return (
+            False,
+            f"{gpus} GPUs and no 'watching ranks' line: the watch was not on",
+            values,
+        )
+    shown = f"; e.g. {watching[0]}" if watching else " (one GPU: no group to watch)"
+    return True, f"no alarm; {len(watching)} groups watched{shown}", values
+
+
+def check_alarm_format(lines: Iterable[str]) -> tuple[bool, str, dict[str, Any]]:
+    """Every alarm line in ``lines`` names the ranks, the decision, the
+    step, a value for each rank and the upstream change (at least one)."""
+    found = [ln.strip() for ln in lines if "sglang-dspark-dp: watch: ranks" in ln]
+    if not found:
+        return False, "no alarm line to read", {"alarms": 0}
+    bad = []
+    parsed = []
+    for line in found:
+        got = parse_alarm(line)
+        if got is None or not got["changes"] or len(got["values"]) < 2:
+            bad.append(line)
+        else:
+            parsed.append(got)
+    values = {"alarms": len(found), "unreadable": len(bad)}
+    if bad:
+        return False, f"{len(bad)} of {len(found)} unreadable, first: {bad[0]}", values
+    first = parsed[0]
+    return (
+        True,
+        f"{len(found)} alarm lines read; first: {first['decision']} at "
+        f"{first['step']}, ranks {first['ranks']}, change: {first['changes']}",
+        values,
+    )
 
 
 def bench_args(port: int, tokenizer: str, output_file: str) -> list[str]:
@@ -693,6 +785,14 @@ def cmd_plugin_lines(a: argparse.Namespace):
     )
 
 
+def cmd_watch(a: argparse.Namespace):
+    return check_watch(_lines(a.log), a.gpus)
+
+
+def cmd_alarm_format(a: argparse.Namespace):
+    return check_alarm_format(_lines(a.log))
+
+
 def cmd_accept(a: argparse.Namespace):
     return check_accept(
         accept_lengths(_lines(a.log)), greedy_accept(_load(a.greedy)), a.block
@@ -937,6 +1037,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="yes",
         help="whether the server runs DSpark (its schedulers log the repairs)",
     )
+    s = add("watch", cmd_watch, "watch: no alarm (the watch on, every rank agreed)")
+    s.add_argument("--log", required=True)
+    s.add_argument("--gpus", type=int, required=True)
+    s = add("alarm-format", cmd_alarm_format, "the watch's alarm lines are readable")
+    s.add_argument("--log", required=True)
     s = add("accept", cmd_accept, "accept length: drafts accepted and rejected")
     s.add_argument("--log", required=True)
     s.add_argument("--greedy", required=True)

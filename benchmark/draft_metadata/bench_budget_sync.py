@@ -39,15 +39,11 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import multiprocessing as mp
 import os
 import platform
-import queue
-import socket
 import statistics
 import sys
 import time
-import traceback
 from typing import Any
 
 try:  # installed: sglang-dspark-dp-bench
@@ -62,12 +58,6 @@ LABELS = {
     "budget-stock": "compute_budget_sync, stock",
     "budget-repaired": "compute_budget_sync, repaired",
 }
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Group:
@@ -161,14 +151,6 @@ def _planner_calls(group: _Group, world: int, rank: int) -> dict[str, Any]:
     return {"step": step, "swaps": swaps, "repair": budget_repair.REPAIR}
 
 
-def _rank_main(rank: int, world: int, port: int, args: dict, results: Any) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        results.put((rank, _rank_run(rank, world, port, args)))
-    except Exception:
-        results.put((rank, {"error": traceback.format_exc()[-2000:]}))
-
-
 def _rank_run(rank: int, world: int, port: int, args: dict) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
@@ -218,46 +200,13 @@ def _rank_run(rank: int, world: int, port: int, args: dict) -> dict[str, Any]:
 def run_world(world: int, args: argparse.Namespace) -> dict[str, Any]:
     """All variants on ``world`` gloo ranks; per variant the slowest rank's
     median and p90 (microseconds per call)."""
-    ctx = mp.get_context("fork")
-    results = ctx.Queue()
-    port = _free_port()
     shared = {
         "iters": args.iters,
         "warmup": args.warmup,
         "timeout": args.timeout,
         "planner": args.planner,
     }
-    procs = [
-        ctx.Process(target=_rank_main, args=(r, world, port, shared, results))
-        for r in range(world)
-    ]
-    reports: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + args.timeout
-    try:
-        for p in procs:
-            p.start()
-        while len(reports) < world and time.monotonic() < deadline:
-            try:
-                rank, report = results.get(timeout=0.5)
-            except queue.Empty:
-                if all(p.exitcode is not None for p in procs):
-                    break
-                continue
-            reports[rank] = report
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        results.close()
-    errors = {r: rep["error"] for r, rep in reports.items() if "error" in rep}
-    missing = [r for r in range(world) if r not in reports]
-    if errors or missing:
-        raise SystemExit(
-            f"{world} ranks: failed (errors: {errors}; no report from: {missing})"
-        )
+    reports = common.run_ranks(_rank_run, world, shared, args.timeout)
     row: dict[str, Any] = {"ranks": world}
     for variant in VARIANTS:
         per_rank = [reports[r].get(variant) for r in range(world)]

@@ -11,8 +11,13 @@ child that times its own imports is not charged for it.
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
+import queue
+import socket
 import sys
+import time
+import traceback
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -100,3 +105,61 @@ def table_lines(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]
 
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return [line(head), sep, *(line(r) for r in rows)]
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (a gloo world's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(fn: Any, rank: int, world: int, port: int, shared: dict, out: Any):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        out.put((rank, fn(rank, world, port, shared)))
+    except Exception:
+        out.put((rank, {"error": traceback.format_exc()[-2000:]}))
+
+
+def run_ranks(
+    fn: Any, world: int, shared: dict, timeout: float
+) -> dict[int, dict[str, Any]]:
+    """``fn(rank, world, port, shared)`` in one forked process per rank (a
+    gloo world meets at ``port``); each rank's report. Exits naming the
+    ranks that failed or sent nothing within ``timeout`` seconds."""
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_rank_main, args=(fn, r, world, port, shared, results))
+        for r in range(world)
+    ]
+    reports: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.start()
+        while len(reports) < world and time.monotonic() < deadline:
+            try:
+                rank, report = results.get(timeout=0.5)
+            except queue.Empty:
+                if all(p.exitcode is not None for p in procs):
+                    break
+                continue
+            reports[rank] = report
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        results.close()
+    errors = {r: rep["error"] for r, rep in reports.items() if "error" in rep}
+    missing = [r for r in range(world) if r not in reports]
+    if errors or missing:
+        raise SystemExit(
+            f"{world} ranks: failed (errors: {errors}; no report from: {missing})"
+        )
+    return reports

@@ -29,8 +29,20 @@ logger = logging.getLogger("sglang_dspark_dp")
 class GroupVerdict:
     """This rank's verdict for one repair, and the group's agreed one."""
 
-    def __init__(self, repair: str, ok: bool, why: str = "") -> None:
+    def __init__(
+        self,
+        repair: str,
+        ok: bool,
+        why: str = "",
+        *,
+        consequence: str = "runs stock SGLang here",
+        what: str = "probe",
+    ) -> None:
+        #: What failed on a rank whose verdict is not ok (its line).
+        self.what = what
         self.repair = repair
+        #: What every rank of the group does when one rank's verdict fails.
+        self.consequence = consequence
         self.ok = bool(ok)
         self.why = why
         self._agreed: dict[int, bool] = {}
@@ -51,13 +63,13 @@ class GroupVerdict:
                 self._agreed[key] = self._all_ok(cpu_group)
                 if not self._agreed[key]:
                     logger.warning(
-                        "sglang-dspark-dp: %s: %s; every rank of its group of %d "
-                        "runs stock SGLang here",
+                        "sglang-dspark-dp: %s: %s; every rank of its group of %d %s",
                         self.repair,
-                        "this rank's probe failed (" + self.why + ")"
+                        f"this rank's {self.what} failed ({self.why})"
                         if not self.ok
-                        else "another rank's probe failed",
+                        else f"another rank's {self.what} failed",
                         world_size,
+                        self.consequence,
                     )
             return self._agreed[key]
 

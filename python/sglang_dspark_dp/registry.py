@@ -251,6 +251,11 @@ def names() -> list[str]:
     return [name for name, _ in REPAIRS]
 
 
+def repairs() -> list[Repair]:
+    """Every repair whose module loads (imports them)."""
+    return [r for r in _each() if isinstance(r, Repair)]
+
+
 def _unavailable(reason: str) -> list[Status]:
     return [Status(name, Outcome.NOT_APPLICABLE, reason) for name in names()]
 
@@ -330,6 +335,10 @@ class _Arming:
             ]
             self.tried.update(due)
         if not due:
+            if self.watch():
+                from sglang_dspark_dp import adapter
+
+                adapter.apply_hooks()
             return
         out = []
         for name in due:
@@ -343,11 +352,26 @@ class _Arming:
                         f"could not be loaded: {type(exc).__name__}: {exc}",
                     )
                 )
-        if any(s.enabled for s in out):
+        watched = self.watch()  # outside the repairs just hooked
+        if any(s.enabled for s in out) or watched:
             from sglang_dspark_dp import adapter
 
             adapter.apply_hooks()
         self.report(out)
+
+    def watch(self) -> list[str]:
+        """Where the watch is on: register its sites whose module is
+        imported now (after the repairs of the same module, so they see
+        the repaired decisions); applied with them. Off: nothing."""
+        from sglang_dspark_dp import watch
+
+        if not watch.enabled():
+            return []
+        from sglang_dspark_dp import watch_sites
+
+        watch.tell_repairs(repairs)
+        with self.lock:
+            return watch_sites.instrument(apply=False)
 
 
 def arm(report: Callable[[list[Status]], None]) -> dict[str, str]:

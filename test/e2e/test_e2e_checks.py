@@ -654,3 +654,88 @@ def test_port_cli_exit_status_and_bad_wait(time_wait_port):
     assert done.returncode == 1 and done.stdout.strip().endswith(
         "--wait -1: seconds, at least 0"
     )
+
+
+def _alarm(values: list[object], decision: str = "draft CUDA-graph capture") -> str:
+    """An alarm line as the plugin's watch writes it (its own function)."""
+    from sglang_dspark_dp import watch
+
+    gathered = [
+        [watch.Event(decision, 7, v, f"capture={v}", ("capture-group-memory",))]
+        for v in values
+    ]
+    prefix = "[2026-12-07 10:00:00 DP0 TP0 EP0] "
+    return prefix + watch.alarm_line((4, 5), gathered, 0)
+
+
+def test_the_watchs_alarm_line_is_read_part_by_part():
+    got = ec.parse_alarm(_alarm([True, False]))
+    assert got["ranks"] == [4, 5]
+    assert got["decision"] == "draft CUDA-graph capture"
+    assert got["step"] == "step 7"
+    assert got["values"] == {4: "capture=True", 5: "capture=False"}
+    assert "capture-group-memory" in got["changes"] or "#" in got["changes"]
+    ok, evidence, values = ec.check_alarm_format([_alarm([True, False])])
+    assert ok and values == {"alarms": 1, "unreadable": 0}, evidence
+
+
+def test_an_alarm_line_without_a_rank_or_a_change_is_unreadable():
+    line = _alarm([True, False])
+    cut = line[: line.index("; rank 5")]  # rank 5's value gone
+    ok, evidence, values = ec.check_alarm_format([cut])
+    assert not ok and values["unreadable"] == 1, evidence
+    ok, evidence, _ = ec.check_alarm_format(["nothing of the watch here"])
+    assert not ok and "no alarm line" in evidence
+
+
+def test_watch_no_alarm_needs_the_watch_on_and_silent():
+    watching = (
+        "[2026-12-07 10:00:00 DP0 TP0 EP0] sglang-dspark-dp: watch: watching "
+        "ranks [0, 1] (on a mismatch: log and end the process)"
+    )
+    ok, evidence, values = ec.check_watch([watching, "Decode batch"], gpus=2)
+    assert ok and values["watching"] == 1, evidence
+    # The watch never said it was on: two GPUs leave it unproven.
+    ok, evidence, _ = ec.check_watch(["Decode batch"], gpus=2)
+    assert not ok and "not on" in evidence
+    # One GPU: no group to compare over, so no watching line is needed.
+    ok, _, _ = ec.check_watch(["Decode batch"], gpus=1)
+    assert ok
+    ok, evidence, values = ec.check_watch([watching, _alarm([1, 2])], gpus=2)
+    assert not ok and values["alarms"] == 1, evidence
+
+
+def test_the_watching_line_is_the_watchs(caplog, monkeypatch):
+    """The line the check looks for is the one the watch logs when it makes
+    a group's channel (its words, read from the module's own format)."""
+    from sglang_dspark_dp import watch
+
+    text = Path(watch.__file__).read_text()
+    assert "sglang-dspark-dp: watch: watching ranks %s" in text
+    assert ec.WATCHING_LINE.search(
+        "sglang-dspark-dp: watch: watching ranks %s" % [2, 3]
+    )
+
+
+def test_watch_cli_records_a_row(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(_alarm([True, False]) + "\n")
+    out = tmp_path / "rows.json"
+    rc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--results",
+            str(out),
+            "watch",
+            "--log",
+            str(log),
+            "--gpus",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+    ).returncode
+    assert rc == 1
+    rows = json.loads(out.read_text())
+    assert "watch" in json.dumps(rows) and "failed" in json.dumps(rows)

@@ -83,8 +83,44 @@ def test_cli_doctor_json(plugin):
     assert report["bug_detected"] is plugin.probe_result.affected
     assert report["repair_applied"] is plugin.plan.patches
     assert report["guard"] is False
-    guarded = cli(["doctor", "--json"], SGLANG_DSPARK_DP_CHECK="1")
-    assert json.loads(guarded.stdout)["guard"] is True
+    assert report["watch"]["on"] is False and report["watch"]["mode"] == "exit"
+    guarded = cli(
+        ["doctor", "--json"],
+        SGLANG_DSPARK_DP_CHECK="1",
+        SGLANG_ENABLE_RANK_CONSENSUS_CHECKER="1",
+        SGLANG_DSPARK_DP_WATCH="log",
+    )
+    assert guarded.returncode == 0, guarded.stderr[-2000:]
+    watched = json.loads(guarded.stdout)
+    assert watched["guard"] is True
+    assert watched["watch"]["on"] is True and watched["watch"]["mode"] == "log"
+    sites = {s["site"]: s for s in watched["watch"]["sites"]}
+    # Every release's worker takes the startup capture decision.
+    assert sites["startup"]["watchable"] is True, sites
+    assert sites["startup"]["decisions"] == ["draft CUDA-graph capture"]
+    verify = sites["compact-verify"]
+    assert verify["decisions"] and (verify["watchable"] or verify["reason"]), verify
+
+
+def test_cli_doctor_names_a_bad_watch_mode_and_keeps_exit(plugin):
+    """An unknown ``SGLANG_DSPARK_DP_WATCH``: one line naming the variable
+    and the value; the watch stays in its default mode; doctor's verdict
+    does not change."""
+    import json
+
+    proc = cli(
+        ["doctor"],
+        SGLANG_ENABLE_RANK_CONSENSUS_CHECKER="1",
+        SGLANG_DSPARK_DP_WATCH="loud",
+    )
+    assert "SGLANG_DSPARK_DP_WATCH='loud' is not one of exit/log" in proc.stderr
+    rows = [x.split() for x in proc.stdout.splitlines()]
+    assert ["watch", "(SGLANG_ENABLE_RANK_CONSENSUS_CHECKER)", "on", "(exit)"] in rows
+    assert "  watch site startup" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    plain = cli(["doctor", "--json"])
+    assert proc.returncode == plain.returncode
+    assert json.loads(plain.stdout)["watch"]["sites"]
 
 
 def doctor_outcomes(proc) -> dict[str, str]:

@@ -82,3 +82,21 @@ def forget_loaded_plugins() -> None:
     module = importlib.import_module(PLUGINS_MODULE)
     if hasattr(module, LOADED_FLAG):
         setattr(module, LOADED_FLAG, False)
+
+
+def add_around(target: str, hook: Any, owner: type, attr: str) -> Any:
+    """Register ``hook`` on ``target`` outside every hook already there and
+    return ``owner.attr`` as the installed SGLang wrote it. Where the target
+    is applied already, the stock method is put back and every hook
+    re-applied (the registry's own order: the first registered innermost),
+    so the new hook sees what the earlier ones make of the call."""
+    import inspect
+
+    registry, _ = hook_registry()
+    stock = inspect.unwrap(owner.__dict__[attr])
+    register_around(target, hook)
+    if target in registry._patched:
+        setattr(owner, attr, stock)
+        registry._patched.discard(target)
+        registry.apply_hooks()
+    return stock

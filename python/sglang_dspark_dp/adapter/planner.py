@@ -420,3 +420,26 @@ def set_relay_position(relay: Any, ring_pos: int) -> None:
 def resolved_values(resolved: Any) -> tuple[Any, Any]:
     """``(confidence, generation)`` of what ``resolve`` returned."""
     return resolved.confidence, resolved.generation
+
+
+#: The planner's per-step layout decision: it takes the step's budget,
+#: enters the ``verify_lens`` broadcast, and returns the layout whose graph
+#: tier the worker runs.
+LAYOUT = "schedule_layout"
+LAYOUT_TARGET = f"{PLANNER_MODULE}.{PLANNER}.{LAYOUT}"
+#: The group method the ``verify_lens`` broadcast calls.
+GROUP_BROADCAST = "broadcast"
+
+
+def layout_tier(layout: Any) -> int | None:
+    """The verify graph tier (tokens) a layout runs (None: no layout)."""
+    if layout is None:
+        return None
+    tokens = getattr(layout, "graph_num_tokens", None)
+    return None if tokens is None else int(tokens)
+
+
+def group_object(found: Any) -> Any:
+    """The group object :func:`broadcast_group` found (under the size its
+    lookup function reported, where it wrapped one)."""
+    return found.group if isinstance(found, _Sized) else found

@@ -285,3 +285,31 @@ def injected_free_memory(gib: float) -> AttrSwap:
     if callable(getattr(common, "get_instance_memory_status", None)):
         swaps.append((common, "get_instance_memory_status", lambda *_a, **_k: None))
     return AttrSwap(*swaps)
+
+
+#: The argument the worker's draft worker takes its capture decision by.
+DRAFT_CAPTURE_ARG = "capture_decode_cuda_graph"
+#: The draft worker's method that captures the draft graphs (it enters the
+#: capture barriers on the capture group).
+DRAFT_INIT_GRAPHS = "init_cuda_graphs"
+
+
+def draft_worker_of(worker: Any) -> Any:
+    """The worker's draft worker (None: it has none), from the instance's
+    own attributes."""
+    return vars(worker).get(DRAFT_WORKER_ATTR)
+
+
+def capture_decision(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """The capture decision a call of the draft worker's
+    ``init_cuda_graphs`` carries (positional or by name; absent: the
+    method's default, capture)."""
+    if DRAFT_CAPTURE_ARG in kwargs:
+        return bool(kwargs[DRAFT_CAPTURE_ARG])
+    return bool(args[0]) if args else True
+
+
+def dp_attention_on(worker: Any) -> bool:
+    """Whether the worker's server runs DP attention (its server args)."""
+    args = vars(worker).get("server_args")
+    return bool(getattr(args, "enable_dp_attention", False))

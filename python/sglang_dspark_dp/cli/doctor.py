@@ -56,6 +56,7 @@ def doctor_report() -> dict[str, Any]:
         "guard": guard_enabled(),
         "repairs": [],
         "changes": [],
+        "watch": _watch_report(None),
     }
     eps = metadata.entry_points(group=PLUGIN_GROUP)
     report["entry_point_registered"] = any(
@@ -92,6 +93,7 @@ def doctor_report() -> dict[str, Any]:
         report["reason"] = f"not loaded: {why}"
     report["repairs"] = [s.as_dict() for s in statuses]
     report["changes"] = changes_of(statuses)
+    report["watch"] = _watch_report(_watch_sites())
     draft = registry.repair("draft-batch")
     try:
         found = draft.probe_result or _probe_draft(draft)
@@ -110,6 +112,35 @@ def doctor_report() -> dict[str, Any]:
     if report["reason"] is None:
         report["reason"] = draft.status().reason
     return report
+
+
+def _watch_sites() -> list[dict[str, Any]] | None:
+    from sglang_dspark_dp import watch_sites
+
+    try:
+        return watch_sites.survey()
+    except Exception:  # report, never crash
+        return None
+
+
+def _watch_report(sites: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Whether the consensus watch is on in this environment, its mode, and
+    (DSpark present) each site's decisions and whether this build lets it
+    watch them."""
+    from sglang_dspark_dp import watch
+    from sglang_dspark_dp.settings import WATCH_ENV
+
+    return {
+        "on": watch.enabled(),
+        "switch": WATCH_ENV,
+        "mode": watch.mode(),
+        "sites": sites or [],
+    }
+
+
+def _watch_row(w: dict[str, Any]) -> tuple[str, str]:
+    state = f"on ({w['mode']})" if w["on"] else f"off ({w['switch']}=1 turns it on)"
+    return (f"watch ({w['switch']})", state)
 
 
 def _probe_draft(draft) -> Any:
@@ -177,6 +208,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         rows.append(
             ("guard (SGLANG_DSPARK_DP_CHECK)", "on" if report["guard"] else "off")
         )
+        rows.append(_watch_row(report["watch"]))
+        for site in report["watch"]["sites"]:
+            watched = ", ".join(site["decisions"])
+            rows.append(
+                (
+                    f"  watch site {site['site']}",
+                    watched
+                    if site["watchable"]
+                    else f"unwatched on this build: {site['reason']}",
+                )
+            )
         w = max(len(k) for k, _ in rows)
         for k, v in rows:
             print(f"{k:<{w}}  {v}")

@@ -110,16 +110,27 @@ def _startup_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
     try:
         results = [
             startup.run_startup(
-                startup.StartupConfig(fix=not args.no_fix, timeout_s=args.timeout, **c)
+                startup.StartupConfig(
+                    fix=not args.no_fix,
+                    timeout_s=args.timeout,
+                    watch=_WATCH_MODE if args.watch else None,
+                    **c,
+                )
             )
             for c in configs
         ]
     except startup.CannotRun as exc:
         return EXIT_CANNOT, [f"startup: cannot run: {exc}"]
     lines = [f"startup: {r.summary()}" for r in results]
+    watch_ok = True
+    if args.watch:
+        for r in results:
+            ok, said = startup_watch(r)
+            watch_ok = watch_ok and ok
+            lines.extend(f"  {line}" for line in said)
     bad = [r for r in results if not r.correct]
     if not bad:
-        return EXIT_OK, lines
+        return (EXIT_OK if watch_ok else EXIT_FAIL), lines
     for r in bad:
         readings = ", ".join(
             f"rank {x.rank} had {x.free_gib:.2f} GiB, read "
@@ -129,6 +140,83 @@ def _startup_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
         )
         lines.append(f"  readings ({r.config.describe()}): {readings}")
     return EXIT_FAIL, lines
+
+
+#: The watch's mode in the simulated worlds: ``log``, so every rank reports
+#: what it said and the run goes on to show what the harness sees.
+_WATCH_MODE = "log"
+_CAPTURE = "the draft CUDA-graph capture decision"
+_VERIFY = ("compact-verify budget", "verify_lens broadcast entry", "verify graph tier")
+
+
+def startup_watch(result) -> tuple[bool, list[str]]:
+    """Whether the watch said what it had to of one startup run, and its
+    lines: in every capture group whose ranks disagree, every rank's line
+    names the capture decision (it is checked before the capture barrier:
+    first); where they agree, nothing."""
+    lines: list[str] = []
+    ok = True
+    for ranks in result.by_group():
+        said = [a for r in ranks for a in r.alarms]
+        if result.group_agrees(ranks):
+            if said:
+                ok = False
+                lines.append(f"watch: FALSE ALARM: {said[0]}")
+            continue
+        named = [r for r in ranks if any(_CAPTURE in a for a in r.alarms)]
+        if len(named) == len(ranks):
+            lines.append(f"watch: named it first: {ranks[0].alarms[0]}")
+        else:
+            ok = False
+            lines.append(
+                "watch: MISSED: ranks "
+                + ", ".join(str(r.rank) for r in ranks if r not in named)
+                + " did not name the capture decision the group parted on"
+            )
+    return ok, lines
+
+
+def compact_watch(result) -> tuple[bool, list[str]]:
+    """Whether the watch said what it had to of one compact-verify run, and
+    its lines: in every group whose ranks part ways, every rank's first
+    line names a verify decision at the first step they part on or
+    earlier; where they agree, nothing."""
+    import re
+
+    lines: list[str] = []
+    ok = True
+    cfg = result.config
+    for start in range(0, cfg.world, cfg.tp):
+        ranks = list(range(start, start + cfg.tp))
+        parted = [s for s in result.steps if s.ranks[0] == start and not s.agree]
+        said = {r: result.alarms.get(r, ()) for r in ranks}
+        if not parted:
+            for r in ranks:
+                if said[r]:
+                    ok = False
+                    lines.append(f"watch: FALSE ALARM: {said[r][0]}")
+                    break
+            continue
+        first = parted[0].step
+        for r in ranks:
+            found = said[r][:1]
+            step = re.search(r" at step (\d+):", found[0]) if found else None
+            if not found or not any(d in found[0] for d in _VERIFY) or not step:
+                ok = False
+                lines.append(
+                    f"watch: MISSED: rank {r} did not name the step-{first} divergence"
+                )
+                break
+            if int(step.group(1)) > first:
+                ok = False
+                lines.append(
+                    f"watch: LATE: rank {r} named step {step.group(1)}, the ranks "
+                    f"parted at step {first}"
+                )
+                break
+        else:
+            lines.append(f"watch: named it first: {said[ranks[0]][0]}")
+    return ok, lines
 
 
 def _non_overlap_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
@@ -177,11 +265,20 @@ def _compact_verify_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
             steps=min(args.steps, 40),
             seed=args.seed,
             timeout_s=args.timeout,
+            watch=_WATCH_MODE if args.watch else None,
         )
     except compact_verify.CannotRun as exc:
         return EXIT_CANNOT, [f"compact-verify: cannot run: {exc}"]
-    lines = [f"compact-verify: {r.summary()}" for r in results]
-    return (EXIT_OK if all(r.agree for r in results) else EXIT_FAIL), lines
+    lines = []
+    watch_ok = True
+    for r in results:
+        lines.append(f"compact-verify: {r.summary()}")
+        if args.watch:
+            ok, said = compact_watch(r)
+            watch_ok = watch_ok and ok
+            lines.extend(f"  {line}" for line in said)
+    good = all(r.agree for r in results) and watch_ok
+    return (EXIT_OK if good else EXIT_FAIL), lines
 
 
 #: The phases before the decode phase: name, runner, what a failure means.
@@ -332,5 +429,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         v,
         "--no-startup",
         "skip the startup phase (the draft CUDA-graph capture decision)",
+    )
+    common.add_flag(
+        v,
+        "--watch",
+        "run the startup and compact-verify ranks with the consensus watch on "
+        "(log mode): each divergence must be named first by the watch's line, "
+        "and with the plugin the watch must stay silent",
     )
     v.set_defaults(func=cmd_verify)

@@ -178,12 +178,15 @@ class WorkerStandIn:
         gpu_id: int = 0,
         runner_group: Any = None,
         dense_draft: bool = False,
+        dp_attention: bool = False,
     ) -> None:
         if cls is None:
             from sglang_dspark_dp.adapter.worker import WORKER
 
             cls = getattr(module, WORKER, None)
-        self.server_args = SimpleNamespace(disable_cuda_graph=False)
+        self.server_args = SimpleNamespace(
+            disable_cuda_graph=False, enable_dp_attention=bool(dp_attention)
+        )
         self.device = device
         self.gpu_id = gpu_id
         own_group = isinstance(cls, type) and init_reads(cls, CAPTURE_GROUP_ATTR)

@@ -123,6 +123,9 @@ class CompactConfig:
     probe_fails: tuple[int, ...] = ()
     #: With ``fix``: the repairs instrumented (of :data:`VERIFY_REPAIRS`).
     repairs: tuple[str, ...] = VERIFY_REPAIRS
+    #: The consensus watch in every rank (:mod:`sglang_dspark_dp.watch`),
+    #: hooked after the repairs: its mode (``exit`` or ``log``), None: off.
+    watch: str | None = None
 
     @property
     def world(self) -> int:
@@ -199,6 +202,8 @@ class CompactConfig:
                 f"probe_fails must name ranks 0-{self.world - 1}, got "
                 f"{self.probe_fails!r}"
             )
+        if self.watch is not None and self.watch not in ("exit", "log"):
+            raise CannotRun(f"watch must be 'exit', 'log' or None, got {self.watch!r}")
         if isinstance(self.repairs, str) or any(
             r not in VERIFY_REPAIRS for r in self.repairs
         ):
@@ -279,6 +284,8 @@ class CompactResult:
     #: Rank -> what went wrong there (an exception, a timeout, a dead rank).
     errors: dict[int, str]
     seconds: float
+    #: Rank -> the watch's alarm lines there (``watch="log"``).
+    alarms: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -447,7 +454,8 @@ def _rank_body(rank: int, cfg: CompactConfig, port: int, sps_path: str):
         _rank_run(rank, cfg, port, sps_path, records, status)
     except Exception as exc:  # keep the steps recorded before it
         error = "".join(traceback.format_exception(exc))[-2000:]
-    return {"records": records, "status": status, "error": error}
+    alarms = world.watch_off() if cfg.watch is not None else []
+    return {"records": records, "status": status, "error": error, "alarms": alarms}
 
 
 def _rank_failed(rank: int, why: str) -> dict[str, Any]:
@@ -488,6 +496,8 @@ def _rank_run(
         for name in cfg.repairs:
             registry.repair(name).instrument(apply=True)
     status.update(repair.status().as_dict())
+    if cfg.watch is not None:
+        world.watch_on(cfg.watch)
 
     world.join(rank, cfg.world, port, cfg.timeout_s)
     tp_layout = groups.partition(cfg.world, cfg.tp)
@@ -831,6 +841,9 @@ def run_compact_verify(cfg: CompactConfig) -> CompactResult:
         steps=tuple(steps),
         errors=errors,
         seconds=time.monotonic() - start,
+        alarms={
+            r: tuple(reports.get(r, {}).get("alarms", ())) for r in range(cfg.world)
+        },
     )
 
 

@@ -27,12 +27,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-#: The flight recorder's buffer size variable, read when a process makes its
-#: first process group.
-BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
-#: What a dump file is called: ``<PREFIX><rank>`` (the reader infers the
-#: prefix and the rank from the trailing digits).
-PREFIX = "fr_trace_rank_"
+from sglang_dspark_dp.flight_dump import BUFFER_ENV, PREFIX, dump_to
+
 _TRAILING_RANK = re.compile(r"(\d+)$")
 
 
@@ -46,27 +42,10 @@ def enable(entries: int) -> None:
     os.environ[BUFFER_ENV] = str(int(entries))
 
 
-def _raw(stack_traces: bool) -> bytes:
-    """This process's recorder buffer, pickled as PyTorch dumps it (the
-    format ``torch.distributed.flight_recorder`` reads)."""
-    import torch
-
-    return torch._C._distributed_c10d._dump_fr_trace(
-        includeCollectives=True, includeStackTraces=stack_traces
-    )
-
-
 def dump(directory: str, rank: int) -> str:
     """Write this process's flight-recorder buffer (with stack traces) to
     ``directory`` as rank ``rank``'s dump; returns its path."""
-    raw = _raw(stack_traces=True)
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{PREFIX}{rank}")
-    tmp = f"{path}.partial"
-    with open(tmp, "wb") as f:
-        f.write(raw)
-    os.replace(tmp, path)
-    return path
+    return dump_to(os.path.join(directory, f"{PREFIX}{rank}"))
 
 
 # --------------------------------------------------------------------------

@@ -111,6 +111,11 @@ class StartupConfig:
     #: Join the group first, then load the plugin through SGLang's
     #: ``load_plugins()`` (needs ``fix``).
     after_init: bool = False
+    #: The consensus watch in every rank (:mod:`sglang_dspark_dp.watch`),
+    #: hooked after the repairs: its mode (``exit`` or ``log``), None: off.
+    watch: str | None = None
+    #: With ``watch``: ranks that cannot watch (a fault injected there).
+    watch_fails: tuple[int, ...] = ()
 
     @property
     def layout(self) -> world.Layout:
@@ -192,18 +197,22 @@ class StartupConfig:
                         f"{value!r}"
                     )
         check_timing(self, CannotRun)
-        bad = [r for r in self.probe_fails if not is_int(r) or not 0 <= r < self.world]
-        if bad:
-            raise CannotRun(
-                f"probe_fails must name ranks 0-{self.world - 1}, got "
-                f"{self.probe_fails!r}"
-            )
+        for field in ("probe_fails", "watch_fails"):
+            value = getattr(self, field)
+            if not isinstance(value, tuple) or any(
+                not is_int(r) or not 0 <= r < self.world for r in value
+            ):
+                raise CannotRun(
+                    f"{field} must name ranks 0-{self.world - 1}, got {value!r}"
+                )
         if self.after_init and (not self.fix or self.probe_fails):
             raise CannotRun(
                 "after_init loads the plugin as a server does: it needs fix=True "
                 f"and no probe_fails, got fix={self.fix!r}, "
                 f"probe_fails={self.probe_fails!r}"
             )
+        if self.watch is not None and self.watch not in ("exit", "log"):
+            raise CannotRun(f"watch must be 'exit', 'log' or None, got {self.watch!r}")
         if self.spec_tp_sync is not None and not isinstance(self.spec_tp_sync, str):
             raise CannotRun(
                 f"spec_tp_sync must be a string or None, got {self.spec_tp_sync!r}"
@@ -229,6 +238,11 @@ class RankOutcome:
     folded: bool | None = None
     #: Every repair's ``{repair, outcome, reason}`` on this rank.
     statuses: tuple[dict[str, str], ...] = ()
+    #: The watch's alarm lines on this rank (``watch="log"``).
+    alarms: tuple[str, ...] = ()
+    #: How many of them it had logged when the draft worker was told its
+    #: capture decision, before any capture barrier (None: not told).
+    alarms_before_capture: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -285,6 +299,11 @@ class StartupResult:
         return all(r.finished for r in ranks) and (
             len({(r.decision, r.folded) for r in ranks}) == 1
         )
+
+    def group_agrees(self, ranks: list[RankOutcome]) -> bool:
+        """Whether one capture group's ranks (of :meth:`by_group`) finished
+        with the same decisions."""
+        return self._agree(ranks)
 
     @property
     def agree(self) -> bool:
@@ -418,6 +437,7 @@ def stand_in_worker(
     dp_tp: Any,
     dense_draft: bool,
     on_capture: Any,
+    dp_attention: bool = False,
 ) -> tuple[Any, Any]:
     """A stand-in worker over these groups whose draft capture calls
     ``on_capture(capture)``, and the recorder of its free-memory readings."""
@@ -432,6 +452,7 @@ def stand_in_worker(
         on_capture=on_capture,
         runner_group=runner_tp,
         dense_draft=dense_draft,
+        dp_attention=dp_attention,
     )
     return worker, standins.RecordedReadings(
         adapter.memory_helper_sites(module, worker)
@@ -492,6 +513,8 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
     else:
         for repair in repairs:
             repair.uninstrument()
+    if cfg.watch is not None:
+        world.watch_on(cfg.watch, fails=rank in cfg.watch_fails)
     world.join(rank, cfg.world, port, cfg.timeout_s)
     if cfg.after_init:
         adapter.load_plugins()
@@ -503,8 +526,14 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
     told: list[bool] = []
     in_barrier: list[bool] = []
 
+    said_before: list[int] = []
+
     def draft_capture(capture_decode_cuda_graph: bool) -> None:
         told.append(capture_decode_cuda_graph)
+        if cfg.watch is not None:  # what the watch had said by now
+            from sglang_dspark_dp import watch
+
+            said_before.append(len(watch.alarms()))
         if capture_decode_cuda_graph and cfg.barrier:
             in_barrier.append(True)
             capture.barrier()  # as FullCudaGraphBackend's capture_one does
@@ -518,6 +547,7 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
         dp_tp=dp_tp,
         dense_draft=cfg.dense_draft,
         on_capture=draft_capture,
+        dp_attention=cfg.dp_attention,
     )
     decision, detail = ERROR, ""
     try:
@@ -532,6 +562,7 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
             detail = f"no peer reached the capture barrier within {cfg.hang_s:g} s"
         else:
             detail = f"{type(exc).__name__}: {exc}"[-500:]
+    alarms = world.watch_off() if cfg.watch is not None else []
     # The capture decision's reading comes first (the folded-sampling
     # decision, where it reads its own, comes after).
     readings = recorded.readings
@@ -555,6 +586,8 @@ def _rank_run(rank: int, cfg: StartupConfig, port: int) -> dict[str, Any]:
             {"repair": st.repair, "outcome": st.outcome.value, "reason": st.reason}
             for st in registry.status()
         ],
+        "alarms": alarms,
+        "alarms_before_capture": said_before[-1] if said_before else None,
     }
 
 
@@ -606,6 +639,8 @@ def run_startup(cfg: StartupConfig) -> StartupResult:
                 repair=report.get("status", {}).get("outcome", ""),
                 folded=report.get("folded"),
                 statuses=tuple(report.get("statuses", ())),
+                alarms=tuple(report.get("alarms", ())),
+                alarms_before_capture=report.get("alarms_before_capture"),
             )
         )
     status = next(

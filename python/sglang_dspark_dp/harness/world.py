@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
+import os
+import sys
 from typing import Any
 
 from sglang_dspark_dp.harness import groups
@@ -114,3 +117,32 @@ def verify_group(
         layout_groups, rank, name="tp", timeout_s=hang_s, coordinator=coordinator
     )
     return group, layout_groups.index(groups.group_of(layout_groups, rank))
+
+
+def watch_on(how: str, *, fails: bool = False) -> list[str]:
+    """This rank's watch on in ``how`` mode (``exit``/``log``), its sites
+    hooked outside whatever repairs the rank instrumented, as a server's
+    arming does; the sites hooked. ``fails``: this rank cannot watch (a
+    fault injected in this process only)."""
+    from sglang_dspark_dp import registry, settings, watch, watch_sites
+
+    if fails:
+        watch.can_watch = lambda: (False, "fault injected on this rank")
+    # The rank's lines reach its stderr, as a server's configured logging
+    # shows them (whatever handlers the parent left on the root logger).
+    logger = logging.getLogger("sglang_dspark_dp")
+    logger.handlers = [logging.StreamHandler(sys.stderr)]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    watch.tell_repairs(registry.repairs)
+    os.environ[settings.WATCH_ENV] = "1"
+    os.environ[settings.WATCH_MODE_ENV] = how
+    watch_sites.load_site_modules()
+    return watch_sites.instrument(apply=True)
+
+
+def watch_off() -> list[str]:
+    """Compare what this rank's watch still holds, stop it; its alarms."""
+    from sglang_dspark_dp import watch
+
+    return watch.shutdown()

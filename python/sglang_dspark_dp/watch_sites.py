@@ -1,0 +1,267 @@
+"""Where the watch looks: the AROUND hooks on DSpark's decisions that hand
+each decision to :mod:`sglang_dspark_dp.watch`.
+
+Each site is hooked outside the repairs' hooks on the same method
+(registered after them), so it sees the decision the repaired code takes:
+
+* ``startup``: ``DSparkWorkerV2.init_cuda_graphs``. The draft CUDA-graph
+  capture decision (and the free-memory reading it compared with the
+  cutoff) is checked over the capture group when the worker hands it to
+  its draft worker, before the draft worker enters the capture barriers,
+  synchronously: a divergence is a report, not the hang. It belongs to
+  #33614 (``spec-tp-sync``) under plain TP and to #39954
+  (``capture-group-memory``) under DP attention.
+* ``compact-verify``: ``DSparkVerifyPlanner.schedule_layout``, every decode
+  step, over the ``verify_lens`` broadcast's group: the budget it is given,
+  whether it enters the broadcast (noted as it enters, so a rank left
+  waiting in it has said so), and the graph tier of the layout it returns.
+  They belong to #31195 (``verify-budget-broadcast``), and under overlap to
+  ``relay-wait`` too. Only enqueued: the scheduler thread never waits.
+
+:func:`instrument` hooks every site whose SGLang module is imported (the
+registry's arming calls it with the repairs of the same module, before it
+applies the hooks); :func:`uninstrument` takes them off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from sglang_dspark_dp import watch
+from sglang_dspark_dp.adapter.modules import PLANNER_MODULE, WORKER_MODULE
+
+logger = logging.getLogger("sglang_dspark_dp")
+
+#: The decisions, as the line names them.
+CAPTURE = "draft CUDA-graph capture"
+VERIFY_BUDGET = "compact-verify budget"
+VERIFY_BROADCAST = "verify_lens broadcast entry"
+VERIFY_TIER = "verify graph tier"
+#: When the startup decision is taken.
+STARTUP = "startup"
+
+
+@dataclasses.dataclass
+class Site:
+    """One watched method: its name, the SGLang module whose import arms
+    it, and what builds its hook (``(target, owner, attr, around)``)."""
+
+    name: str
+    module: str
+    build: Callable[[], tuple[str, type, str, Any]]
+    decisions: tuple[str, ...] = ()
+    hooked: tuple[str, type, str, Any, Any] | None = None  # ... and the stock
+
+
+# --------------------------------------------------------------------------
+# Startup: the draft capture decision.
+# --------------------------------------------------------------------------
+
+
+def _startup() -> tuple[str, type, str, Any]:
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.drivers.worker import RecordedReadings
+
+    module, cls = adapter.load_worker()
+
+    def watch_capture_decision(original: Any, worker: Any, *args: Any, **kwargs: Any):
+        if not adapter.hosts_draft(worker):
+            return original(worker, *args, **kwargs)
+        found = adapter.capture_group(worker)
+        draft = adapter.draft_worker_of(worker)
+        if found is None or draft is None:
+            return original(worker, *args, **kwargs)
+        ch = watch.channel(found[0])
+        if ch is None:
+            return original(worker, *args, **kwargs)
+        changes = (
+            ("capture-group-memory",)
+            if adapter.dp_attention_on(worker)
+            else ("spec-tp-sync",)
+        )
+        recorded = RecordedReadings(adapter.memory_helper_sites(module, worker))
+        capture_graphs = getattr(draft, adapter.DRAFT_INIT_GRAPHS)
+
+        def checked(*a: Any, **k: Any) -> Any:
+            capture = adapter.capture_decision(a, k)
+            read = recorded.readings[0].value if recorded.readings else None
+            shown = f"capture={capture}" + (
+                "" if read is None else f" (read {read:.2f} GiB free)"
+            )
+            ch.check_now(watch.Event(CAPTURE, STARTUP, capture, shown, changes))
+            return capture_graphs(*a, **k)
+
+        with recorded, adapter.AttrSwap((draft, adapter.DRAFT_INIT_GRAPHS, checked)):
+            return original(worker, *args, **kwargs)
+
+    return adapter.STARTUP_TARGET, cls, adapter.INIT_GRAPHS, watch_capture_decision
+
+
+# --------------------------------------------------------------------------
+# Compact verify: budget, broadcast entry, graph tier.
+# --------------------------------------------------------------------------
+
+
+def _verify() -> tuple[str, type, str, Any]:
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.adapter import planner as sg_planner
+    from sglang_dspark_dp.outcome import DidNotEnable
+
+    module, cls = sg_planner.load_planner()
+    shape = sg_planner.group_shape(module)
+    if shape is None:
+        raise DidNotEnable(
+            "this build's planner runs no verify_lens broadcast (no group whose "
+            "ranks must agree on these decisions)"
+        )
+    found: dict[int, tuple[Any, Any]] = {}
+
+    def group_of(planner: Any) -> tuple[Any, Any]:
+        key = id(planner)
+        if key not in found:
+            group = ch = None
+            if shape is not None:
+                try:
+                    group = sg_planner.broadcast_group(planner, module, shape)
+                except Exception:
+                    group = None
+            if group is not None:
+                ch = watch.channel(sg_planner.group_object(group))
+            found[key] = (group, ch)
+        return found[key]
+
+    def changes_of() -> tuple[str, ...]:
+        try:
+            overlap = not module.get_schedule().disable_overlap_schedule
+        except Exception:
+            overlap = False
+        return (
+            ("verify-budget-broadcast", "relay-wait")
+            if overlap
+            else ("verify-budget-broadcast",)
+        )
+
+    def watch_verify_decisions(original: Any, planner: Any, *args: Any, **kwargs: Any):
+        group, ch = group_of(planner)
+        if ch is None:
+            return original(planner, *args, **kwargs)
+        step = ch.next_step(VERIFY_BUDGET)
+        changes = changes_of()
+        budget = kwargs.get("budget")
+        ch.note(watch.Event(VERIFY_BUDGET, step, budget, f"budget={budget}", changes))
+        entered: list[bool] = []
+        target = sg_planner.group_object(group)
+        broadcast = getattr(target, sg_planner.GROUP_BROADCAST)
+
+        def entering(*a: Any, **k: Any) -> Any:
+            if not entered:
+                entered.append(True)
+                ch.note(watch.Event(VERIFY_BROADCAST, step, True, "entered", changes))
+            return broadcast(*a, **k)
+
+        with adapter.AttrSwap((target, sg_planner.GROUP_BROADCAST, entering)):
+            layout = original(planner, *args, **kwargs)
+        if not entered:
+            ch.note(
+                watch.Event(VERIFY_BROADCAST, step, False, "did not enter", changes)
+            )
+        tier = sg_planner.layout_tier(layout)
+        shown = "no compact layout" if tier is None else f"tier={tier} tokens"
+        ch.note(watch.Event(VERIFY_TIER, step, tier, shown, changes))
+        return layout
+
+    return sg_planner.LAYOUT_TARGET, cls, sg_planner.LAYOUT, watch_verify_decisions
+
+
+SITES: tuple[Site, ...] = (
+    Site("startup", WORKER_MODULE, _startup, (CAPTURE,)),
+    Site(
+        "compact-verify",
+        PLANNER_MODULE,
+        _verify,
+        (VERIFY_BUDGET, VERIFY_BROADCAST, VERIFY_TIER),
+    ),
+)
+
+
+def instrument(*, apply: bool = True) -> list[str]:
+    """Hook every site whose SGLang module is imported (and not hooked
+    yet); returns their names. A site that cannot be hooked says so in
+    one line (its decisions go unwatched). ``apply=False``: registered
+    only (the caller applies the hooks)."""
+    from sglang_dspark_dp import adapter
+
+    hooked = []
+    for site in SITES:
+        if site.hooked is not None or site.module not in sys.modules:
+            continue
+        try:
+            target, owner, attr, around = site.build()
+            stock = adapter.add_around(target, around, owner, attr)
+        except Exception as exc:
+            logger.warning(
+                "sglang-dspark-dp: watch: cannot watch the %s decisions on this "
+                "build (%s: %s); they go unwatched",
+                site.name,
+                type(exc).__name__,
+                exc,
+            )
+            continue
+        site.hooked = (target, owner, attr, around, stock)
+        hooked.append(site.name)
+    if hooked and apply:
+        adapter.apply_hooks()
+    return hooked
+
+
+def uninstrument() -> None:
+    """Take every site's hook off (the other hooks on its method stay)."""
+    from sglang_dspark_dp import adapter
+
+    for site in SITES:
+        if site.hooked is None:
+            continue
+        target, owner, attr, around, stock = site.hooked
+        adapter.remove_hook(target, around, owner, attr, stock)
+        site.hooked = None
+
+
+def survey() -> list[dict[str, Any]]:
+    """Each site on this build, hooked or not: its decisions and whether
+    its hook can be built here (``reason`` says why not). Builds the hooks
+    without registering them (imports the sites' modules)."""
+    out = []
+    for site in SITES:
+        reason = None
+        if site.hooked is None:
+            try:
+                importlib.import_module(site.module)
+                site.build()
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+        out.append(
+            {
+                "site": site.name,
+                "decisions": list(site.decisions),
+                "watchable": reason is None,
+                "hooked": site.hooked is not None,
+                "reason": reason,
+            }
+        )
+    return out
+
+
+def hooked() -> list[str]:
+    """The sites hooked in this process."""
+    return [site.name for site in SITES if site.hooked is not None]
+
+
+def load_site_modules() -> None:
+    """Import every site's SGLang module (tools that instrument at once)."""
+    for site in SITES:
+        importlib.import_module(site.module)

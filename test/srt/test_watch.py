@@ -1,0 +1,333 @@
+"""The consensus watch (:mod:`sglang_dspark_dp.watch`) on the installed
+SGLang: off, nothing of it exists; on, it names the decision the ranks part
+ways on before the collective it leads to, and stays silent where the
+plugin's repairs make the ranks agree.
+
+The gloo runs are the startup and compact-verify harnesses' (one process
+per rank, two groups side by side, the second starting at rank 2), with
+the watch hooked in every rank after the repairs, as a server's arming
+hooks it. In ``exit`` mode a rank that finds a divergence logs its line
+and ends; the line is read from the ranks' stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import pytest
+from known_releases import known
+from srt_helpers import no_children_left
+
+from sglang_dspark_dp import adapter, registry, settings, watch, watch_sites
+from sglang_dspark_dp.adapter import planner as sg_planner
+from sglang_dspark_dp.harness import compact_verify, startup
+
+HANG_S = 3.0
+PART = "part ways on"
+
+
+def releases_row(version: str) -> dict:
+    row = known(version)
+    if row is None:
+        pytest.skip(f"stock behaviour of sglang {version} is not recorded")
+    return row
+
+
+def alarm_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "watch:" in line and PART in line]
+
+
+def run_startup(**kwargs) -> startup.StartupResult:
+    result = startup.run_startup(
+        startup.StartupConfig(hang_s=HANG_S, timeout_s=90.0, **kwargs)
+    )
+    assert no_children_left()
+    return result
+
+
+# --------------------------------------------------------------------------
+# Off: no hook, no thread, no group. On: the sites, outside the repairs.
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def watch_env(monkeypatch):
+    """The watch's variables as the test sets them; the sites unhooked and
+    the repairs as they were afterwards."""
+    was = {r.name for r in registry.repairs() if r.instrumented}
+    monkeypatch.delenv(settings.WATCH_ENV, raising=False)
+    monkeypatch.delenv(settings.WATCH_MODE_ENV, raising=False)
+    yield monkeypatch
+    watch_sites.uninstrument()
+    watch.shutdown()
+    for r in registry.repairs():
+        if r.name not in was:
+            r.uninstrument()
+
+
+def watch_hooks(target: str) -> list:
+    names = [getattr(h, "__name__", "") for h in adapter.hooks_on(target)]
+    return [n for n in names if n.startswith("watch_")]
+
+
+def test_off_the_arming_adds_no_hook_no_thread_no_group(watch_env):
+    watch_sites.load_site_modules()
+    statuses: list = []
+    arming = registry._Arming(statuses.extend)
+    arming.settle()
+    assert statuses, "the arming instrumented nothing (the modules are imported)"
+    assert watch_sites.hooked() == []
+    assert watch_hooks(adapter.STARTUP_TARGET) == []
+    assert watch_hooks(sg_planner.LAYOUT_TARGET) == []
+    assert watch.threads() == []
+    assert not any(
+        t.name.startswith("sglang-dspark-dp-watch") for t in threading.enumerate()
+    )
+    assert watch.channels() == []
+
+
+def test_on_the_arming_hooks_each_site_outside_the_repairs(watch_env):
+    watch_env.setenv(settings.WATCH_ENV, "1")
+    watch_sites.load_site_modules()
+    arming = registry._Arming(lambda statuses: None)
+    arming.settle()
+    assert watch_sites.hooked() == ["startup", "compact-verify"]
+    for target in (adapter.STARTUP_TARGET, sg_planner.LAYOUT_TARGET):
+        hooks = adapter.hooks_on(target)
+        assert watch_hooks(target), f"no watch hook on {target}"
+        # Registered last: the outermost wrapper, it sees the repaired call.
+        assert getattr(hooks[-1], "__name__", "").startswith("watch_"), hooks
+        assert adapter.is_patched(target)
+    # Hooking alone starts nothing: threads and groups come with a group's
+    # first decision.
+    assert watch.threads() == []
+    watch_sites.uninstrument()
+    assert watch_hooks(adapter.STARTUP_TARGET) == []
+    assert watch_hooks(sg_planner.LAYOUT_TARGET) == []
+
+
+def test_an_unknown_mode_is_one_line_and_the_default_stays(watch_env, caplog):
+    value = f"Loud-{os.getpid()}"
+    watch_env.setenv(settings.WATCH_MODE_ENV, value)
+    with caplog.at_level(logging.WARNING, logger="sglang_dspark_dp"):
+        assert watch.mode() == watch.EXIT
+        assert watch.mode() == watch.EXIT
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert settings.WATCH_MODE_ENV in lines[0] and repr(value) in lines[0]
+    assert "exit/log" in lines[0]
+    watch_env.setenv(settings.WATCH_MODE_ENV, " LOG ")
+    assert watch.mode() == watch.LOG
+
+
+# --------------------------------------------------------------------------
+# Startup: the capture decision, named before the capture barrier.
+# --------------------------------------------------------------------------
+
+
+def test_stock_plain_tp_the_watch_names_the_capture_decision_not_a_hang(
+    sglang_version, capfd
+):
+    if not releases_row(sglang_version)["startup_tp"]:
+        pytest.skip(f"sglang {sglang_version} agrees on draft capture under plain TP")
+    result = run_startup(tp=2, groups=2, fix=False, watch="exit")
+    err = capfd.readouterr().err
+    lines = alarm_lines(err)
+    # Ranks 2 and 3 (rank 3 short of memory) each say it once, then end.
+    assert len(lines) == 2, err[-3000:]
+    for line in lines:
+        assert "ranks [2, 3] part ways on the draft CUDA-graph capture" in line
+        assert "at startup" in line
+        assert "rank 2: capture=True (read 40.00 GiB free)" in line
+        assert "rank 3: capture=False (read 0.60 GiB free)" in line
+        assert "#33614 spec-tp-sync" in line
+        assert "no repair stands in for it here" in line
+    by_rank = {r.rank: r for r in result.ranks}
+    assert not result.hung, result.summary()
+    for rank in (2, 3):
+        assert "exit code 1" in by_rank[rank].detail, by_rank[rank]
+    for rank in (0, 1):  # the other group has no short rank and agrees
+        assert by_rank[rank].decision == startup.CAPTURED
+
+
+def test_stock_dp_attention_the_watch_names_39954(sglang_version, capfd):
+    if not releases_row(sglang_version)["startup_dp"]:
+        pytest.skip(f"sglang {sglang_version} agrees on draft capture under DP")
+    result = run_startup(tp=4, dp=4, fix=False, watch="exit")
+    lines = alarm_lines(capfd.readouterr().err)
+    assert len(lines) == 4, lines
+    for line in lines:
+        assert "ranks [0, 1, 2, 3] part ways on the draft CUDA-graph capture" in line
+        assert "rank 3: capture=False" in line
+        assert "#39954 capture-group-memory" in line
+    assert not result.hung, result.summary()
+
+
+def test_with_the_plugin_the_watch_is_silent(capfd):
+    result = run_startup(tp=2, groups=2, fix=True, watch="exit")
+    err = capfd.readouterr().err
+    assert alarm_lines(err) == [], err[-3000:]
+    assert result.correct, result.summary()
+    assert all(r.alarms == () for r in result.ranks)
+
+
+def test_log_mode_logs_dumps_the_flight_recorder_and_serves_on(
+    sglang_version, monkeypatch, tmp_path
+):
+    row = releases_row(sglang_version)
+    if not (row["startup_tp"] or row["startup_dp"]):
+        pytest.skip(f"sglang {sglang_version} agrees on draft capture")
+    from sglang_dspark_dp import flight_dump
+    from sglang_dspark_dp.harness import flight
+
+    monkeypatch.setenv(flight_dump.BUFFER_ENV, "200")
+    monkeypatch.setenv(flight_dump.DUMP_ENV, str(tmp_path / "trace_rank_"))
+    # Plain TP where the release parts there, else DP attention (attention
+    # TP 1, the draft capturing on the TP group).
+    dp = 1 if row["startup_tp"] else 2
+    result = run_startup(tp=2, dp=dp, fix=False, watch="log")
+    for r in result.ranks:
+        assert len(r.alarms) == 1, r
+        assert "draft CUDA-graph capture" in r.alarms[0]
+        assert "SGLANG_DSPARK_DP_WATCH=log" in r.alarms[0]
+        # Said before the draft worker was told, so before any barrier.
+        assert r.alarms_before_capture == 1, r
+        dumped = tmp_path / f"trace_rank_{r.rank}"
+        assert f"flight recorder dumped to {dumped}" in r.alarms[0]
+    dumps = flight.load_dir(str(tmp_path))
+    assert sorted(dumps) == [0, 1]
+    assert all(d.entries for d in dumps.values()), dumps
+    # Served on: the short rank skipped capture, the other went on into the
+    # capture barrier and waited there (the stock hang, now named).
+    by_rank = {r.rank: r for r in result.ranks}
+    assert by_rank[1].decision == startup.SKIPPED
+    assert by_rank[0].decision == startup.HUNG
+
+
+def test_a_rank_that_cannot_watch_leaves_its_group_unwatched_not_hung(capfd):
+    result = run_startup(tp=2, groups=2, fix=True, watch="exit", watch_fails=(3,))
+    err = capfd.readouterr().err
+    assert result.correct, result.summary()
+    said = [line for line in err.splitlines() if "serves unwatched" in line]
+    assert len(said) == 2, err[-3000:]  # ranks 2 and 3, one line each
+    assert any("this rank's watch failed (fault injected" in line for line in said)
+    assert any("another rank's watch failed" in line for line in said)
+
+
+# --------------------------------------------------------------------------
+# Compact verify: the budget and the graph tier, every step.
+# --------------------------------------------------------------------------
+
+
+def run_compact(**kwargs) -> compact_verify.CompactResult:
+    result = compact_verify.run_compact_verify(
+        compact_verify.CompactConfig(
+            scenario=compact_verify.DRIFT,
+            tp=2,
+            groups=2,
+            steps=12,
+            hang_s=HANG_S,
+            timeout_s=90.0,
+            **kwargs,
+        )
+    )
+    assert no_children_left()
+    return result
+
+
+def test_stock_compact_verify_the_watch_names_the_tier_and_31195(sglang_version):
+    if not releases_row(sglang_version)["compact_verify"]:
+        pytest.skip(f"sglang {sglang_version} agrees on the verify tier")
+    result = run_compact(fix=False, watch="log")
+    assert result.diverged, result.summary()
+    first = result.diverged[0]
+    lines = result.alarms[first.ranks[0]]
+    tier = [line for line in lines if "the verify graph tier decision" in line]
+    assert tier, lines
+    assert f"at step {first.step}:" in tier[0]
+    for rank, value in zip(first.ranks, first.tiers, strict=True):
+        assert f"rank {rank}: tier={value} tokens" in tier[0]
+    for line in lines:
+        assert "#31195 verify-budget-broadcast" in line
+        assert "SGLANG_DSPARK_DP_WATCH=log" in line
+
+
+def test_with_the_plugin_compact_verify_is_silent(capfd):
+    result = run_compact(fix=True, watch="exit")
+    err = capfd.readouterr().err
+    assert alarm_lines(err) == [], err[-3000:]
+    assert result.complete and result.agree, result.summary()
+    assert all(lines == () for lines in result.alarms.values())
+
+
+# --------------------------------------------------------------------------
+# verify --watch: each defect named first by the watch; silent with the fix.
+# --------------------------------------------------------------------------
+
+WATCH_VERIFY = ["verify", "--steps", "5", "--dp", "4", "--no-progress", "--watch"]
+
+
+def watch_said(stdout: str) -> list[str]:
+    return [x.strip() for x in stdout.splitlines() if x.startswith("  watch:")]
+
+
+def test_verify_watch_names_each_defect_first_and_stays_silent_with_the_fix(
+    plugin, sglang_version
+):
+    from known_releases import backport_fixes
+    from srt_helpers import cli
+
+    if backport_fixes():
+        pytest.skip("backport mode: the plugin is off")
+    row = releases_row(sglang_version)
+    stock = cli([*WATCH_VERIFY, "--no-fix"])
+    assert stock.returncode == 1, stock.stdout + stock.stderr[-2000:]
+    said = watch_said(stock.stdout)
+    assert said, stock.stdout
+    assert not [x for x in said if not x.startswith("watch: named it first: ")], said
+    capture = [x for x in said if "draft CUDA-graph capture decision" in x]
+    if row["startup_tp"] or row["startup_dp"]:
+        assert capture, said
+    if row["compact_verify"]:
+        assert any("#31195 verify-budget-broadcast" in x for x in said), said
+    fixed = cli(WATCH_VERIFY)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr[-2000:]
+    assert watch_said(fixed.stdout) == [], fixed.stdout
+
+
+def run_late(**kwargs) -> compact_verify.CompactResult:
+    result = compact_verify.run_compact_verify(
+        compact_verify.CompactConfig(
+            scenario=compact_verify.LATE,
+            tp=2,
+            groups=2,
+            steps=12,
+            late_every=3,
+            hang_s=HANG_S,
+            timeout_s=90.0,
+            **kwargs,
+        )
+    )
+    assert no_children_left()
+    return result
+
+
+def test_a_late_relay_is_named_with_relay_wait_and_silent_with_the_plugin(
+    sglang_version, capfd
+):
+    if not releases_row(sglang_version)["late_relay"]:
+        pytest.skip(f"sglang {sglang_version} waits for a late confidence copy")
+    stock = run_late(fix=False, watch="log")
+    assert not stock.agree or stock.late_steps, stock.summary()
+    said = [line for lines in stock.alarms.values() for line in lines]
+    assert said, stock.summary()
+    first = said[0]
+    assert "verify" in first and "relay-wait" in first, said
+    assert "#31195 verify-budget-broadcast" in first, said
+    capfd.readouterr()  # the stock run's lines
+    fixed = run_late(fix=True, watch="exit")
+    err = capfd.readouterr().err
+    assert alarm_lines(err) == [], err[-3000:]
+    assert fixed.complete and fixed.agree, fixed.summary()
