@@ -135,14 +135,10 @@ def _verify() -> tuple[str, type, str, Any]:
             found[key] = (group, ch)
         return found[key]
 
-    def changes_of() -> tuple[str, ...]:
-        try:
-            overlap = not module.get_schedule().disable_overlap_schedule
-        except Exception:
-            overlap = False
+    def changes_of(planner: Any) -> tuple[str, ...]:
         return (
             ("verify-budget-broadcast", "relay-wait")
-            if overlap
+            if sg_planner.overlap_on(planner, module)
             else ("verify-budget-broadcast",)
         )
 
@@ -151,7 +147,7 @@ def _verify() -> tuple[str, type, str, Any]:
         if ch is None:
             return original(planner, *args, **kwargs)
         step = ch.next_step(VERIFY_BUDGET)
-        changes = changes_of()
+        changes = changes_of(planner)
         budget = kwargs.get("budget")
         ch.note(watch.Event(VERIFY_BUDGET, step, budget, f"budget={budget}", changes))
         entered: list[bool] = []

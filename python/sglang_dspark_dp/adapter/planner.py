@@ -127,6 +127,20 @@ def _tp_size(planner: Any, module: Any) -> int:
     return int(module.get_parallel().tp_size)
 
 
+def overlap_on(planner: Any, module: Any) -> bool:
+    """Whether this planner runs under the overlap scheduler: its server
+    args where it keeps them (0.5.16), else the schedule context (0.5.17
+    on). False where neither says."""
+    args = vars(planner).get("server_args")
+    flag = getattr(args, "disable_overlap_schedule", None)
+    if flag is None:
+        try:
+            flag = module.get_schedule().disable_overlap_schedule
+        except Exception:
+            return False
+    return not flag
+
+
 def broadcast_group(planner: Any, module: Any, shape: str) -> Any:
     """The group this planner's ``verify_lens`` broadcast runs on, looked up
     where and when the stock code looks it up (None: not found)."""
