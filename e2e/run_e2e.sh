@@ -8,7 +8,9 @@
 #                  [--port P] [--gsm8k-data DIR] [--rounds N] [--no-doctor]
 #
 # Parts, in this order unless --only picks some (repeatable):
-#   dspark    DSpark + plugin
+#   dspark    DSpark + plugin, the consensus watch on
+#             (SGLANG_ENABLE_RANK_CONSENSUS_CHECKER=1: rows "watch: no alarm"
+#             and, where a rank alarmed, "watch: alarm line readable")
 #   noplugin  DSpark, plugin off (SGLANG_PLUGINS=e2e_init: SGLang loads only
 #             the e2e init hook and logs that it skips the plugin)
 #   nospec    no speculation (plugin on)
@@ -269,6 +271,17 @@ run_part() {
   if [[ $spec == yes ]]; then
     check "$part" "accept length" accept --log "$log" --greedy "$OUT/greedy_$part.json"
   fi
+  if [[ $part == dspark ]]; then
+    # The consensus watch was on (SGLANG_ENABLE_RANK_CONSENSUS_CHECKER=1):
+    # no rank may have alarmed; an alarm line must read part by part.
+    check "$part" "watch: no alarm" watch --log "$log" --gpus "$GPUS"
+    if grep -q "sglang-dspark-dp: watch: ranks" "$log"; then
+      check "$part" "watch: alarm line readable" alarm-format --log "$log"
+    else
+      not_run "$part" "no alarm line to read (the ranks agreed)" \
+        "watch: alarm line readable"
+    fi
+  fi
   stop_server
   pack "$part"
 }
@@ -385,7 +398,7 @@ fi
 
 for part in "${PARTS[@]}"; do
   case "$part" in
-    dspark) run_part dspark yes ;;
+    dspark) run_part dspark yes SGLANG_ENABLE_RANK_CONSENSUS_CHECKER=1 ;;
     noplugin) run_part noplugin yes SGLANG_PLUGINS=e2e_init ;;
     nospec) run_part nospec no ;;
     report) report ;;

@@ -171,3 +171,29 @@ def test_a_port_in_time_wait_is_not_refused(tmp_path, time_wait_port):
         assert "stand-in server: started" in log
         assert log.startswith(f"+ {plugins}sglang serve "), log
         assert "--speculative-algorithm DSPARK" in log
+
+
+def test_the_plugin_server_runs_with_the_watch_on(tmp_path, time_wait_port):
+    """The dspark part's server (plugin on) starts with SGLang's consensus
+    switch set, so the plugin's watch runs on every multi-GPU e2e; the
+    plugin-off server does not."""
+    out = tmp_path / "e2e"
+    done = _run(
+        "--out",
+        str(out),
+        "--only",
+        "dspark",
+        "--only",
+        "noplugin",
+        "--port",
+        str(time_wait_port()),
+        "--no-doctor",
+        python=_python_with_a_stand_in_server(tmp_path),
+        env={"E2E_PORT_WAIT": "1", "E2E_HEALTH_TIMEOUT": "5"},
+    )
+    assert "stand-in server: started" in (out / "server_dspark.log").read_text()
+    on = (out / "server_dspark.log").read_text()
+    assert on.startswith("+ SGLANG_ENABLE_RANK_CONSENSUS_CHECKER=1 sglang serve "), on
+    off = (out / "server_noplugin.log").read_text()
+    assert "SGLANG_ENABLE_RANK_CONSENSUS_CHECKER" not in off, off
+    assert done.returncode == 0, done.stderr[-2000:]
