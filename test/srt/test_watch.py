@@ -262,6 +262,34 @@ def test_with_the_plugin_compact_verify_is_silent(capfd):
     assert all(lines == () for lines in result.alarms.values())
 
 
+def test_one_rank_handed_another_budget_is_named_with_the_plugin_on(capfd):
+    """The plugin on (the ranks agree on every budget they resolve), and one
+    rank of the second group (world rank 3) hands ``schedule_layout`` a
+    budget one higher at step 4: the watch names that decision at that step
+    with both ranks' values, in both ranks of that group, and nothing in
+    the first group."""
+    if "compact-verify" not in [s["site"] for s in watchable()]:
+        pytest.skip("this build's planner runs no verify_lens broadcast")
+    result = run_compact(fix=True, watch="log", skew_budget=(3, 4))
+    for rank in (0, 1):
+        assert result.alarms.get(rank, ()) == (), result.alarms
+    for rank in (2, 3):
+        lines = result.alarms[rank]
+        assert lines, result.summary()
+        first = lines[0]
+        assert "ranks [2, 3] part ways on the compact-verify budget decision" in first
+        assert "at step 4:" in first, first
+        budgets = {
+            r: int(first.split(f"rank {r}: budget=")[1].split(";")[0]) for r in (2, 3)
+        }
+        assert budgets[3] == budgets[2] + 1, first
+        assert "#31195 verify-budget-broadcast" in first, first
+
+
+def watchable() -> list[dict]:
+    return [s for s in watch_sites.survey() if s["watchable"]]
+
+
 # --------------------------------------------------------------------------
 # verify --watch: each defect named first by the watch; silent with the fix.
 # --------------------------------------------------------------------------

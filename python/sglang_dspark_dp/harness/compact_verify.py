@@ -126,6 +126,10 @@ class CompactConfig:
     #: The consensus watch in every rank (:mod:`sglang_dspark_dp.watch`),
     #: hooked after the repairs: its mode (``exit`` or ``log``), None: off.
     watch: str | None = None
+    #: Test-only: ``(rank, step)``: that rank (of the world) hands
+    #: ``schedule_layout`` a budget one more than it resolved at that step,
+    #: an input of a watched decision perturbed on one rank (None: never).
+    skew_budget: tuple[int, int] | None = None
 
     @property
     def world(self) -> int:
@@ -201,6 +205,19 @@ class CompactConfig:
             raise CannotRun(
                 f"probe_fails must name ranks 0-{self.world - 1}, got "
                 f"{self.probe_fails!r}"
+            )
+        skew = self.skew_budget
+        if skew is not None and not (
+            isinstance(skew, tuple)
+            and len(skew) == 2
+            and is_int(skew[0])
+            and 0 <= skew[0] < self.world
+            and is_int(skew[1])
+            and 0 <= skew[1] < self.steps
+        ):
+            raise CannotRun(
+                f"skew_budget must be (rank 0-{self.world - 1}, step "
+                f"0-{self.steps - 1}) or None, got {skew!r}"
             )
         if self.watch is not None and self.watch not in ("exit", "log"):
             raise CannotRun(f"watch must be 'exit', 'log' or None, got {self.watch!r}")
@@ -542,7 +559,8 @@ def _rank_run(
                     step >= verifier.lag
                     and (step - verifier.lag) % cfg.late_every == cfg.late_every - 1
                 )
-            budget, tier = verifier.step(confidence, late=late)
+            skew = 1 if cfg.skew_budget == (rank, step) else 0
+            budget, tier = verifier.step(confidence, late=late, skew=skew)
             records.append(
                 {
                     "step": step,
@@ -711,11 +729,14 @@ class VerifyRank:
                     hi = mid
         return shape * ((lo + hi) / 2)
 
-    def step(self, confidence: Any, *, late: bool = False) -> tuple[Any, int | None]:
+    def step(
+        self, confidence: Any, *, late: bool = False, skew: int = 0
+    ) -> tuple[Any, int | None]:
         """One decode step's budget and graph tier (None: no compact
         layout). On the overlap path the budget is prepared from the relay
         (``late``: this rank's copy has not landed) and the confidences are
-        published after the step."""
+        published after the step. ``skew`` (test-only) is added to the
+        budget handed to ``schedule_layout``."""
         import torch
 
         from sglang_dspark_dp.drivers import planner as standins
@@ -732,6 +753,8 @@ class VerifyRank:
             prefix_lens=self.prefix,
             req_pool_indices=self.rows,
         )
+        if skew and budget is not None:
+            budget = budget + skew
         layout = self.planner.schedule_layout(
             req_pool_indices=self.rows,
             prefix_lens=self.prefix,
