@@ -31,13 +31,16 @@ def _row(kind: str, ranks: int, steps: int, result, alarms: list[str]) -> list[s
         str(steps),
         str(len(alarms)),
         "yes" if result.agree else "no",
-        "yes" if getattr(result, "complete", not getattr(result, "hung", False))
+        "yes"
+        if getattr(result, "complete", not getattr(result, "hung", False))
         else "no",
         f"{result.seconds:.0f}",
     ]
 
 
-def run(ranks: list[int], steps: int, fix: bool = True) -> tuple[list[list[str]], list[str]]:
+def run(
+    ranks: list[int], steps: int, fix: bool = True
+) -> tuple[list[list[str]], list[str]]:
     from sglang_dspark_dp.harness import compact_verify, startup
 
     rows, alarms_all = [], []
@@ -61,7 +64,9 @@ def run(ranks: list[int], steps: int, fix: bool = True) -> tuple[list[list[str]]
             print(f"  done: {rows[-1]} in {time.monotonic() - t0:.0f} s", flush=True)
         for dp in (1, n):
             result = startup.run_startup(
-                startup.StartupConfig(tp=n, dp=dp, fix=fix, watch="log", timeout_s=120.0)
+                startup.StartupConfig(
+                    tp=n, dp=dp, fix=fix, watch="log", timeout_s=120.0
+                )
             )
             alarms = [a for r in result.ranks for a in r.alarms]
             alarms_all += alarms
@@ -84,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     bad = [n for n in args.ranks if not 2 <= n <= 8]
     if bad:
-        print(f"watch_soak: --ranks must be between 2 and 8, got {bad}", file=sys.stderr)
+        print(
+            f"watch_soak: --ranks must be between 2 and 8, got {bad}", file=sys.stderr
+        )
         return 2
     if args.steps < 1:
-        print(f"watch_soak: --steps must be at least 1, got {args.steps}", file=sys.stderr)
+        print(
+            f"watch_soak: --steps must be at least 1, got {args.steps}", file=sys.stderr
+        )
         return 2
     rows, alarms = run(args.ranks, args.steps, args.fix)
     head = ["run", "ranks", "steps", "alarms", "agree", "complete", "s"]
