@@ -141,6 +141,37 @@ def test_a_capture_disagreement_is_found_by_the_recorder(stock_runs, row):
     )
 
 
+def test_with_the_watch_the_capture_decision_is_named_before_the_barrier(row):
+    """``diverge --replay --watch``: the stock startup disagreement is found
+    by the watch (its line names the capture decision at startup, every
+    rank's value and the change), before the barrier the flight recorder
+    sees; with the plugin the watch says nothing and nothing diverges."""
+    if not row["startup_dp"]:
+        pytest.skip("this build reduces the startup reading under DP attention")
+    sched = diverge.Schedule.parse(DEFECTS["capture-dp"][0])
+    with diverge.repairs_as(False):
+        out = diverge.run(sched, fix=False, hang_s=HANG_S, watch=True)
+    f = out.finding
+    assert f is not None and f.site == "capture", out
+    found = f.as_dict()
+    assert found["detector"] == "watch", found
+    line = found["watch"]
+    assert "part ways on the draft CUDA-graph capture decision at startup" in line
+    assert "rank 2: capture=False" in line and "rank 0: capture=True" in line, line
+    assert "capture-group-memory" in line or "#39954" in line, line
+    with diverge.repairs_as(True):
+        fixed = diverge.run(sched, fix=True, hang_s=HANG_S, watch=True)
+    assert fixed.finding is None and fixed.alarms == {}, fixed.alarms
+    assert fixed.complete
+
+
+def test_without_the_watch_a_finding_is_the_recorders(stock_runs, row):
+    if not row["startup_dp"]:
+        pytest.skip("this build reduces the startup reading under DP attention")
+    found = stock_runs["capture-dp"].finding.as_dict()
+    assert found["detector"] == "flight recorder" and found["watch"] == ""
+
+
 def test_the_first_divergence_is_the_programs_not_the_clocks(tmp_path, plugin, row):
     """The short rank skips the capture barrier and waits in the next step's
     sync, which the others never reach: two groups part. Whichever rank's
@@ -314,6 +345,7 @@ def test_explain_of_agreeing_dumps_finds_nothing(tmp_path, plugin):
             ["--explain", "/nonexistent/dir"],
             "DUMP_DIR '/nonexistent/dir' is not a folder",
         ),
+        (["--watch", "--ranks", "2"], "--watch is for --replay"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message):

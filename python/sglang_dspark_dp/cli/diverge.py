@@ -41,6 +41,7 @@ def _finding_text(n: int, f: Any, replay_args: str) -> list[str]:
     lines = [f"finding {n}: {f.title()}"]
     where = "at startup" if f.step is None else f"at decode step {f.step}"
     lines.append(f"  what: {f.detail} ({where})")
+    lines.append(f"  found by: {f.found_by}" + (f": {f.watch}" if f.watch else ""))
     for rank in sorted(f.ranks):
         site = f.call_sites.get(rank, "")
         lines.append(
@@ -157,7 +158,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         diverge.check_installed()
         with diverge.repairs_as(not args.no_fix):
             out = diverge.run(
-                schedule, fix=not args.no_fix, hang_s=args.hang, dump_dir=args.dump_dir
+                schedule,
+                fix=not args.no_fix,
+                hang_s=args.hang,
+                dump_dir=args.dump_dir,
+                watch=args.watch,
             )
     except (ValueError, diverge.CannotRun) as exc:
         return common.cannot(exc, "cannot replay")
@@ -169,6 +174,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         "steps_done": out.steps_done,
         "errors": out.errors,
         "seconds": round(out.seconds, 2),
+        "watch": {str(r): v for r, v in sorted(out.alarms.items())}
+        if args.watch
+        else None,
     }
     lines = [f"{_header(args)}, replay of {schedule.replay()}"]
     if out.finding is None:
@@ -178,6 +186,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             else f"incomplete without a mismatch: {out.errors}"
         )
         lines.append(f"no divergence ({state}; {out.seconds:.1f} s)")
+        for rank, said in sorted(out.alarms.items()):
+            lines += [f"  watch, rank {rank}: {line}" for line in said]
         _emit(args, payload, lines)
         return EXIT_OK if out.complete else EXIT_FAIL
     lines += _finding_text(1, out.finding, _replay_args(args))
@@ -380,6 +390,9 @@ def cmd_diverge(args: argparse.Namespace) -> int:
             common.err("--explain and --replay cannot be given together")
             return EXIT_CANNOT
         return _cmd_explain(args)
+    if args.watch and args.replay is None:
+        common.err("--watch is for --replay (one schedule played with the watch on)")
+        return EXIT_CANNOT
     try:
         if args.replay is not None:
             return _cmd_replay(args)
@@ -434,6 +447,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     d.add_argument(
         "--replay", default=None, metavar="SCHEDULE", help="play one schedule"
+    )
+    common.add_flag(
+        d,
+        "--watch",
+        "with --replay: every rank runs the consensus watch (log mode) beside "
+        "the flight recorder; a finding it named says 'found by: watch'",
     )
     d.add_argument(
         "--explain",

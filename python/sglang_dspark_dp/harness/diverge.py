@@ -647,6 +647,7 @@ class _Rank:
             dp_tp=dp_tp,
             dense_draft=False,
             on_capture=on_capture,
+            dp_attention=self.layout.dp_attention,
         )
         startup.init_graphs(module, cls, worker, recorded, free)
         self.startup.update(
@@ -786,10 +787,14 @@ def _rank_body(
     port: int,
     hang_s: float,
     dump_dir: str,
+    watch: bool = False,
 ) -> dict[str, Any]:
     flight.enable(FR_ENTRIES)
     me = _Rank(rank, sched, masks)
     error: dict[str, Any] = {}
+    alarms: list[str] = []
+    if watch:  # log mode: the run goes on to the collective it leads to
+        world.watch_on("log")
     try:
         me.drive(fix, port, hang_s)
     except SiteCrash as exc:
@@ -806,6 +811,12 @@ def _rank_body(
         error = {"site": me.site, "step": me.step, "kind": kind, "text": text}
         if kind == "error":
             error["traceback"] = "".join(traceback.format_exception(exc))[-2000:]
+    if watch:
+        from sglang_dspark_dp import watch as consensus_watch
+
+        # What it said, whether or not its queue could still be compared.
+        alarms = consensus_watch.alarms()
+        alarms += [a for a in world.watch_off() if a not in alarms]
     report = {
         "rank": rank,
         "steps": me.steps,
@@ -814,6 +825,7 @@ def _rank_body(
         "pg_ranks": _pg_ranks(me.groups_made),
         "layout": sched.layout,
         "schedule": sched.replay(),
+        "alarms": alarms,
     }
     try:
         flight.dump(dump_dir, rank)
@@ -821,7 +833,8 @@ def _rank_body(
             json.dump(report, f)
     except Exception as exc:  # the report still says what happened
         report["dump_error"] = f"{type(exc).__name__}: {exc}"
-    return {k: report[k] for k in ("rank", "error", "dump_error") if k in report} | {
+    keep = ("rank", "error", "dump_error", "alarms")
+    return {k: report[k] for k in keep if k in report} | {
         "steps_done": sum(1 for r in me.steps if r.get("done"))
     }
 
@@ -851,6 +864,18 @@ class Finding:
     inputs: dict[int, dict[str, Any]]  # each rank's decision inputs there
     schedule: Schedule
     detail: str = ""
+    #: What found it first: "watch" (the consensus watch named the decision
+    #: before the collective it leads to), "flight recorder" (a collective
+    #: the ranks entered differently) or "crash" (every such rank raised).
+    detector: str = ""
+    #: The watch's first alarm line, where the run had the watch on.
+    watch: str = ""
+
+    @property
+    def found_by(self) -> str:
+        if self.detector:
+            return self.detector
+        return "crash" if self.kind == "crash" else "flight recorder"
 
     @property
     def mask(self) -> str:
@@ -880,6 +905,8 @@ class Finding:
             "perturbations": self.schedule.perturbations(),
             "replay": self.schedule.replay(),
             "detail": self.detail,
+            "detector": self.found_by,
+            "watch": self.watch,
         }
 
 
@@ -893,6 +920,8 @@ class RunOutcome:
     steps_done: dict[int, int]
     seconds: float
     mismatch: flight.Mismatch | None = None
+    #: Rank -> the watch's alarm lines there (runs with ``watch``).
+    alarms: dict[int, list[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def diverged(self) -> bool:
@@ -1120,10 +1149,13 @@ def run(
     hang_s: float = 3.0,
     dump_dir: str | None = None,
     port: int = 0,
+    watch: bool = False,
 ) -> RunOutcome:
     """Play ``sched`` once; the flight-recorder dumps and the ranks'
     decision sidecars go to ``dump_dir`` (a scratch folder, removed, when
-    None)."""
+    None). ``watch``: every rank runs the consensus watch (log mode) beside
+    the flight recorder, and a finding the watch named first says so
+    (``detector``)."""
     sched.validate()
     _check_installed()
     if not _repairs_are(fix):
@@ -1133,7 +1165,13 @@ def run(
                     f"the repairs could not be set {'on' if fix else 'off'}"
                 )
             return run(
-                sched, fix=fix, masks=masks, hang_s=hang_s, dump_dir=dump_dir, port=port
+                sched,
+                fix=fix,
+                masks=masks,
+                hang_s=hang_s,
+                dump_dir=dump_dir,
+                port=port,
+                watch=watch,
             )
     scratch = dump_dir is None
     directory = tempfile.mkdtemp(prefix="dspark-fr-") if scratch else dump_dir
@@ -1155,12 +1193,14 @@ def run(
                 port=port,
                 hang_s=hang_s,
                 dump_dir=directory,
+                watch=watch,
             ),
             _rank_failed,
             timeout_s=timeout_s,
         )
         errors: dict[int, dict[str, Any]] = {}
         steps_done: dict[int, int] = {}
+        alarms: dict[int, list[str]] = {}
         for r in range(sched.world):
             rep = reports.get(r)
             if rep is None:
@@ -1172,6 +1212,8 @@ def run(
                 }
                 continue
             steps_done[r] = int(rep.get("steps_done", 0))
+            if rep.get("alarms"):
+                alarms[r] = list(rep["alarms"])
             if rep.get("error"):
                 errors[r] = rep["error"]
         dumps = {}
@@ -1188,6 +1230,11 @@ def run(
         mismatch, finding = explain(dumps, sidecars, sched) if dumps else (None, None)
         if finding is None:
             finding = _crash_finding(sched, errors, sidecars)
+        said = [line for r in sorted(alarms) for line in alarms[r]]
+        if finding is not None and said:
+            # The watch compares before the collective a decision leads to
+            # (the startup capture decision synchronously): it came first.
+            finding.detector, finding.watch = "watch", said[0]
         return RunOutcome(
             schedule=sched,
             fix=fix,
@@ -1197,6 +1244,7 @@ def run(
             steps_done=steps_done,
             seconds=time.monotonic() - start,
             mismatch=mismatch,
+            alarms=alarms,
         )
     finally:
         if _SPS_PATH[0]:
