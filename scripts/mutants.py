@@ -67,18 +67,39 @@ def load(path: Path = LIST) -> list[dict]:
     return mutants
 
 
+#: What a copy of a folder that is not a git checkout (a scratch copy
+#: itself, where the suite runs for a mutant) leaves out.
+_NOT_COPIED = frozenset({".git", ".mutants-import", "__pycache__", ".pytest_cache"})
+
+
+def _listed(root: Path) -> list[str]:
+    """The checkout's tracked files and the untracked ones git does not
+    ignore; outside a git checkout (a scratch copy), every file but the
+    caches and the copy's import links."""
+    found = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--show-toplevel"],
+        capture_output=True,
+        text=True,
+    )
+    if found.returncode == 0 and Path(found.stdout.strip()).resolve() == root.resolve():
+        listed = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-co", "--exclude-standard", "-z"],
+            capture_output=True,
+            check=True,
+        ).stdout.split(b"\0")
+        return [raw.decode() for raw in listed if raw]
+    out = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if not _NOT_COPIED.intersection(rel.parts) and not path.is_symlink():
+            out.append(str(rel))
+    return out
+
+
 def copy_checkout(dest: Path) -> None:
     """The checkout's tracked files (and untracked ones git does not ignore)
-    into ``dest``."""
-    listed = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard", "-z"],
-        capture_output=True,
-        check=True,
-    ).stdout.split(b"\0")
-    for raw in listed:
-        if not raw:
-            continue
-        rel = raw.decode()
+    into ``dest``; from a folder that is not a git checkout, its files."""
+    for rel in _listed(ROOT):
         src = ROOT / rel
         if not src.is_file():
             continue

@@ -85,6 +85,24 @@ def test_sglang_plugins_whitelist(plugin, whitelist, loaded):
     assert len(armed_lines(proc.stderr)) == (1 if loaded else 0)
 
 
+def test_disable_keeps_it_installed_and_patching_nothing(plugin):
+    """``SGLANG_DSPARK_DP_DISABLE=1``: SGLang still loads the plugin, which
+    says so in one line, arms nothing and patches nothing, even on a
+    release whose draft batch needs the repair."""
+    from sglang_dspark_dp.settings import DISABLE_ENV
+
+    proc = run_python(LOAD, env={DISABLE_ENV: "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = plugin_lines(proc.stderr)
+    assert lines == [
+        line for line in lines if f"disabled by {DISABLE_ENV}; nothing patched" in line
+    ]
+    assert len(lines) == 1, lines
+    assert armed_lines(proc.stderr) == []
+    instrumented, patched, outcome = result(proc.stdout)
+    assert (instrumented, patched, outcome) == ("False", "False", "NOT_INSTRUMENTED")
+
+
 def test_sglang_without_dspark_gets_one_line_and_starts():
     # An SGLang build without the DSpark draft module: make its import fail.
     code = (

@@ -160,3 +160,22 @@ def test_both_distributions_import_from_the_scratch_copy(mutants, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     for line in out.stdout.split():
         assert Path(line).is_relative_to(tmp_path), line
+
+
+def test_a_scratch_copy_copies_itself_again(mutants, tmp_path, monkeypatch):
+    """The suite a mutant is judged by runs in the scratch copy, which is
+    not a git checkout: the copy made from there takes its files, not its
+    caches or its import links (on 2026-12-07 the copy needed git there,
+    and every mutant that reached the rest of the suite was an error)."""
+    src = tmp_path / "scratch"
+    (src / "python" / "pkg" / "__pycache__").mkdir(parents=True)
+    (src / "python" / "pkg" / "mod.py").write_text("X = 1\n")
+    (src / "python" / "pkg" / "__pycache__" / "mod.pyc").write_bytes(b"\0")
+    (src / "README.md").write_text("r\n")
+    (src / ".mutants-import").mkdir()
+    (src / ".mutants-import" / "bench").symlink_to(src / "python")
+    monkeypatch.setattr(mutants, "ROOT", src)
+    dest = tmp_path / "again"
+    mutants.copy_checkout(dest)
+    got = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert got == ["README.md", "python/pkg/mod.py"], got
