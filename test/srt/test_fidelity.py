@@ -188,15 +188,38 @@ def test_sglang_style_scenario_with_the_plugin(api, plugin, stock, sglang_versio
 
 def test_the_offered_name_goes_away_with_the_plugin(api, plugin, stock):
     """Offered only while instrumented, only where stock lacks it, and
-    taken away again by ``uninstrument``."""
-    offered = sorted(name for _, name, _ in plugin._offered)
-    with stock():
+    taken away again by ``uninstrument``. What stock lacks is read from the
+    draft module's source (the names it binds), not from the module, which
+    an offer left behind would make look stock."""
+    import ast
+    import inspect
+
+    from sglang_dspark_dp.adapter.draft import NON_PADDED_SWITCH, SCALE
+
+    tree = ast.parse(inspect.getsource(api.draft_module))
+    bound = {
+        a.asname or a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom)
+        for a in n.names
+    }
+    bound |= {
+        t.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+    bound |= {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    lacking = sorted(n for n in (NON_PADDED_SWITCH, SCALE) if n not in bound)
+    for _ in range(2):  # a second round finds what the first left behind
+        with stock():
+            for name in lacking:
+                assert not hasattr(api.draft_module, name), name
+        offered = sorted(name for _, name, _ in plugin._offered)
+        assert offered == (lacking if plugin.instrumented else [])
         for name in offered:
-            assert not hasattr(api.draft_module, name)
-        lacking = sorted(name for _, name, _ in api.draft_module_offers())
-    assert offered == (lacking if plugin.instrumented else [])
-    for name in offered:
-        assert hasattr(api.draft_module, name)
+            assert hasattr(api.draft_module, name)
 
 
 def test_sglang_style_scenario_is_stock_identical(api, plugin, stock):
