@@ -14,7 +14,9 @@ One process per rank joined by gloo over loopback. Each step is
 DSpark decode step's host time is milliseconds), plus, with the watch on,
 the same calls the verify site makes (``next_step``, three ``Event``s,
 three ``note``s) on the watch's real channel. Off and on alternate for
-``--rounds`` rounds; each round times ``--steps`` steps. Per rank count:
+``--rounds`` rounds; each round times ``--steps`` steps. The channel is
+made once per run, as a server makes one per group, so its thread idles
+through the off rounds (a wake-up every 10 ms). Per rank count:
 
 * host µs added per step: the median step on minus the median step off,
   of the slowest rank, per round;
@@ -100,24 +102,23 @@ def _rank_run(rank: int, world: int, port: int, args: dict) -> dict[str, Any]:
     pg = dist.new_group(list(range(world)), timeout=timeout)
     group = _Group(pg, world)
     rounds: list[dict[str, list[float]]] = []
-    alarms: list[str] = []
+    # One channel for the run, as a server makes one per group: its thread
+    # idles through the off rounds (a wake-up every GATHER_S, no event).
+    channel = watch.channel(group)
+    if channel is None:
+        raise RuntimeError("the watch made no channel for this group")
     for _ in range(args["rounds"]):
         row: dict[str, list[float]] = {}
         for variant in ("off", "on"):
-            channel = watch.channel(group) if variant == "on" else None
-            if variant == "on" and channel is None:
-                raise RuntimeError("the watch made no channel for this group")
-            _steps(args["warmup"], args["work_us"], channel)
+            used = channel if variant == "on" else None
+            _steps(args["warmup"], args["work_us"], used)
             dist.barrier(group=pg)
-            row[variant] = _steps(args["steps"], args["work_us"], channel)
-            if channel is not None:
-                alarms += watch.shutdown()
-                if channel.stopped:
-                    raise RuntimeError(f"the watch stopped: {channel.stopped}")
+            row[variant] = _steps(args["steps"], args["work_us"], used)
             dist.barrier(group=pg)
         rounds.append(row)
+    alarms = watch.shutdown()
     dist.destroy_process_group()
-    return {"rounds": rounds, "alarms": alarms}
+    return {"rounds": rounds, "alarms": alarms, "stopped": channel.stopped}
 
 
 def run_world(world: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -133,6 +134,9 @@ def run_world(world: int, args: argparse.Namespace) -> dict[str, Any]:
     alarms = [a for r in reports.values() for a in r["alarms"]]
     if alarms:
         raise SystemExit(f"{world} ranks: the watch alarmed: {alarms[0]}")
+    stopped = {r: rep["stopped"] for r, rep in reports.items() if rep["stopped"]}
+    if stopped:  # its figures would be a watch that was not watching
+        raise SystemExit(f"{world} ranks: the watch stopped: {stopped}")
     rounds = []
     for i in range(args.rounds):
         per = [reports[r]["rounds"][i] for r in range(world)]
