@@ -152,19 +152,9 @@ def _planner_calls(group: _Group, world: int, rank: int) -> dict[str, Any]:
 
 
 def _rank_run(rank: int, world: int, port: int, args: dict) -> dict[str, Any]:
-    import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    timeout = _dt.timedelta(seconds=args["timeout"])
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timeout,
-    )
-    pg = dist.new_group(list(range(world)), timeout=timeout)
+    pg = common.join_gloo(rank, world, port, args["timeout"])
     group = _Group(pg, world, rank)
     from sglang_dspark_dp.srt.speculative.dspark_components.dspark_planner import (
         broadcast_budget,

@@ -163,3 +163,24 @@ def run_ranks(
             f"{world} ranks: failed (errors: {errors}; no report from: {missing})"
         )
     return reports
+
+
+def join_gloo(rank: int, world: int, port: int, timeout_s: float) -> Any:
+    """This rank of a gloo world over loopback at ``port`` (one torch
+    thread, every collective bounded by ``timeout_s``); a group of all its
+    ranks with that timeout."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
+    )
+    return dist.new_group(list(range(world)), timeout=timeout)

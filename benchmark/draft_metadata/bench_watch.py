@@ -85,21 +85,11 @@ def _steps(steps: int, work_us: float, channel: Any) -> list[float]:
 
 
 def _rank_run(rank: int, world: int, port: int, args: dict) -> dict[str, Any]:
-    import torch
     import torch.distributed as dist
 
     from sglang_dspark_dp import watch
 
-    torch.set_num_threads(1)
-    timeout = _dt.timedelta(seconds=args["timeout"])
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timeout,
-    )
-    pg = dist.new_group(list(range(world)), timeout=timeout)
+    pg = common.join_gloo(rank, world, port, args["timeout"])
     group = _Group(pg, world)
     rounds: list[dict[str, list[float]]] = []
     # One channel for the run, as a server makes one per group: its thread
