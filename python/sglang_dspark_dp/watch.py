@@ -3,7 +3,10 @@ decisions with the others', off the scheduler's critical path, and names
 the first one they part ways on.
 
 On when ``SGLANG_ENABLE_RANK_CONSENSUS_CHECKER`` (SGLang's own switch of its
-rank consensus checker) is on, on every release. The design is SGLang's
+rank consensus checker) is on, on every release. Where SGLang's checker is
+configured and compares over exactly a watched group (plain TP, 0.5.19+),
+every per-step event also goes to its ``assert_same``, so SGLang's own
+checker sees DSpark's decisions. The design is SGLang's
 checker's (``sglang/srt/utils/rank_consensus_checker.py``, 0.5.19+), on a
 group of the plugin's own: a :class:`Channel` per decision group, that is a
 dedicated gloo process group over the group's ranks (made by its members
@@ -118,6 +121,9 @@ class Channel:
         self._queue: collections.deque[Any] = collections.deque()
         self._wake = threading.Event()
         self._stopping = False
+        # SGLang's checker's intake for this group: None until known,
+        # False where it does not compare over it.
+        self._feed: Callable[[str], None] | bool | None = None
         self._thread = threading.Thread(
             target=self._drain,
             name=f"sglang-dspark-dp-watch-{'-'.join(map(str, ranks))}",
@@ -134,14 +140,22 @@ class Channel:
         return step
 
     def note(self, event: Event) -> None:
-        """Enqueue one decision (never waits)."""
+        """Enqueue one decision (never waits); where SGLang's own checker
+        is configured over exactly this group, hand it the event too."""
         self._queue.append((event, None))
+        feed = self._feed
+        if feed is None:
+            feed = self._feed = _sglang_feeder(self.ranks)
+        if feed:
+            feed(sglang_text(event))
 
-    def check_now(self, event: Event) -> None:
-        """Enqueue one decision and wait until the group has compared it
+    def check_now(self, *events: Event) -> None:
+        """Enqueue decisions and wait until the group has compared them
         (startup decisions, before the collective they lead to)."""
         done = threading.Event()
-        self._queue.append((event, done))
+        for event in events[:-1]:
+            self._queue.append((event, None))
+        self._queue.append((events[-1], done))
         self._wake.set()
         while not done.wait(0.2):
             if not self._thread.is_alive():
@@ -224,10 +238,19 @@ class Channel:
 
         gathered: list[Any] = [None] * len(self.ranks)
         dist.all_gather_object(gathered, events, group=self.pg)
+        # Per step, its first divergence only: the later ones of that step
+        # follow from it (the tier from the budget; no folded-sampling
+        # decision where capture was skipped). Log mode names each
+        # decision's first divergence once.
+        seen_steps: set[str] = set()
         for i in differences(gathered):
+            step = repr(gathered[0][i].step)
+            if step in seen_steps:
+                continue
+            seen_steps.add(step)
             decision = gathered[0][i].decision
             if decision in self._reported:
-                continue  # log mode: each decision's first divergence
+                continue
             self._reported.add(decision)
             self._alarm(alarm_line(self.ranks, gathered, i))
 
@@ -250,6 +273,35 @@ class Channel:
                 pass
         if self.mode == EXIT:
             os._exit(1)
+
+
+# --------------------------------------------------------------------------
+# SGLang's own checker (0.5.19+).
+# --------------------------------------------------------------------------
+
+
+def _sglang_feeder(ranks: tuple[int, ...]) -> Callable[[str], None] | bool | None:
+    """SGLang's checker's intake for ``ranks`` (see
+    :func:`sglang_dspark_dp.adapter.checker.feeder`); False where this
+    process has none or it compares over other groups; None while it is
+    there but not configured yet (asked again at the next event)."""
+    from sglang_dspark_dp.adapter import checker
+
+    state = checker.configured()
+    if state is None:
+        return False
+    if not state:
+        return None
+    return checker.feeder(ranks) or False
+
+
+def sglang_text(event: Event) -> str:
+    """An event as SGLang's checker logs it: the plugin, the decision, the
+    step and the compared value (what every rank must say alike)."""
+    return (
+        f"sglang-dspark-dp: {event.decision} at {_step_text(event.step)}: "
+        f"{event.key!r}"
+    )
 
 
 # --------------------------------------------------------------------------

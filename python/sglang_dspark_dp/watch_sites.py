@@ -8,15 +8,25 @@ Each site is hooked outside the repairs' hooks on the same method
   capture decision (and the free-memory reading it compared with the
   cutoff) is checked over the capture group when the worker hands it to
   its draft worker, before the draft worker enters the capture barriers,
-  synchronously: a divergence is a report, not the hang. It belongs to
-  #33614 (``spec-tp-sync``) under plain TP and to #39954
-  (``capture-group-memory``) under DP attention.
+  synchronously: a divergence is a report, not the hang. With it, the
+  folded-sampling decision (0.5.17-0.5.21: whether the sampling buffers
+  are baked into the graphs about to be captured; "not taken" where no
+  sampler was built). Both belong to #33614
+  (``spec-tp-sync``) under plain TP and to #39954 (``capture-group-memory``)
+  under DP attention.
 * ``compact-verify``: ``DSparkVerifyPlanner.schedule_layout``, every decode
   step, over the ``verify_lens`` broadcast's group: the budget it is given,
   whether it enters the broadcast (noted as it enters, so a rank left
   waiting in it has said so), and the graph tier of the layout it returns.
   They belong to #31195 (``verify-budget-broadcast``), and under overlap to
   ``relay-wait`` too. Only enqueued: the scheduler thread never waits.
+* ``draft-batch``: ``DraftBlockProposer._fill_dp_moe_sync_metadata``, every
+  draft step on the DP-attention path (busy and idle ranks alike), over the
+  draft runner's TP group (the world the sizes were gathered over): the DP
+  sync sizes the draft batch carries (scaled per rank, for logprobs, and
+  the raw per-rank counts) and its CUDA-graph admission. The graph size and
+  the padded token count are SGLang's functions of these two on every rank.
+  They belong to #33098 (``dp-draft-metadata``). Only enqueued.
 
 :func:`instrument` hooks every site whose SGLang module is imported (the
 registry's arming calls it with the repairs of the same module, before it
@@ -26,6 +36,7 @@ applies the hooks); :func:`uninstrument` takes them off.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 import sys
@@ -33,15 +44,22 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_dspark_dp import watch
-from sglang_dspark_dp.adapter.modules import PLANNER_MODULE, WORKER_MODULE
+from sglang_dspark_dp.adapter.modules import (
+    DRAFT_MODULE,
+    PLANNER_MODULE,
+    WORKER_MODULE,
+)
 
 logger = logging.getLogger("sglang_dspark_dp")
 
 #: The decisions, as the line names them.
 CAPTURE = "draft CUDA-graph capture"
+FOLDED = "folded-sampling"
 VERIFY_BUDGET = "compact-verify budget"
 VERIFY_BROADCAST = "verify_lens broadcast entry"
 VERIFY_TIER = "verify graph tier"
+DRAFT_SIZES = "draft DP sync sizes"
+DRAFT_ADMISSION = "draft graph admission"
 #: When the startup decision is taken.
 STARTUP = "startup"
 
@@ -87,16 +105,46 @@ def _startup() -> tuple[str, type, str, Any]:
         recorded = RecordedReadings(adapter.memory_helper_sites(module, worker))
         capture_graphs = getattr(draft, adapter.DRAFT_INIT_GRAPHS)
 
+        def read_text() -> str:
+            read = recorded.readings[0].value if recorded.readings else None
+            return "" if read is None else f" (read {read:.2f} GiB free)"
+
+        folded_at = adapter.folded_site()
+        folded: list[bool] = []  # what the draft sampler's build decided
+
         def checked(*a: Any, **k: Any) -> Any:
             capture = adapter.capture_decision(a, k)
-            read = recorded.readings[0].value if recorded.readings else None
-            shown = f"capture={capture}" + (
-                "" if read is None else f" (read {read:.2f} GiB free)"
-            )
-            ch.check_now(watch.Event(CAPTURE, STARTUP, capture, shown, changes))
+            events = [
+                watch.Event(
+                    CAPTURE,
+                    STARTUP,
+                    capture,
+                    f"capture={capture}{read_text()}",
+                    changes,
+                )
+            ]
+            if folded_at is not None:
+                value = folded[-1] if folded else None
+                shown = "not taken" if value is None else f"folded={value}"
+                events.append(watch.Event(FOLDED, STARTUP, value, shown, changes))
+            # Both before the draft worker's capture barriers (the folded
+            # buffers are baked into the graphs it captures); the capture
+            # decision first, as it decides whether there is a folded one.
+            ch.check_now(*events)
             return capture_graphs(*a, **k)
 
-        with recorded, adapter.AttrSwap((draft, adapter.DRAFT_INIT_GRAPHS, checked)):
+        swaps = [(draft, adapter.DRAFT_INIT_GRAPHS, checked)]
+        if folded_at is not None:
+            decide = getattr(*folded_at)
+
+            @functools.wraps(decide)  # its signature, for every caller
+            def recording_folded(*a: Any, **k: Any) -> Any:
+                value = decide(*a, **k)
+                folded.append(bool(value))
+                return value
+
+            swaps.append((*folded_at, recording_folded))
+        with recorded, adapter.AttrSwap(*swaps):
             return original(worker, *args, **kwargs)
 
     return adapter.STARTUP_TARGET, cls, adapter.INIT_GRAPHS, watch_capture_decision
@@ -119,35 +167,33 @@ def _verify() -> tuple[str, type, str, Any]:
             "this build's planner runs no verify_lens broadcast (no group whose "
             "ranks must agree on these decisions)"
         )
-    found: dict[int, tuple[Any, Any]] = {}
+    # Per planner, found at its first step: its group, the group's watch
+    # and the changes its decisions belong to (overlap is set at startup).
+    found: dict[int, tuple[Any, Any, tuple[str, ...]]] = {}
 
-    def group_of(planner: Any) -> tuple[Any, Any]:
+    def group_of(planner: Any) -> tuple[Any, Any, tuple[str, ...]]:
         key = id(planner)
         if key not in found:
             group = ch = None
-            if shape is not None:
-                try:
-                    group = sg_planner.broadcast_group(planner, module, shape)
-                except Exception:
-                    group = None
+            try:
+                group = sg_planner.broadcast_group(planner, module, shape)
+            except Exception:
+                group = None
             if group is not None:
                 ch = watch.channel(sg_planner.group_object(group))
-            found[key] = (group, ch)
+            changes = (
+                ("verify-budget-broadcast", "relay-wait")
+                if sg_planner.overlap_on(planner, module)
+                else ("verify-budget-broadcast",)
+            )
+            found[key] = (group, ch, changes)
         return found[key]
 
-    def changes_of(planner: Any) -> tuple[str, ...]:
-        return (
-            ("verify-budget-broadcast", "relay-wait")
-            if sg_planner.overlap_on(planner, module)
-            else ("verify-budget-broadcast",)
-        )
-
     def watch_verify_decisions(original: Any, planner: Any, *args: Any, **kwargs: Any):
-        group, ch = group_of(planner)
+        group, ch, changes = group_of(planner)
         if ch is None:
             return original(planner, *args, **kwargs)
         step = ch.next_step(VERIFY_BUDGET)
-        changes = changes_of(planner)
         budget = kwargs.get("budget")
         ch.note(watch.Event(VERIFY_BUDGET, step, budget, f"budget={budget}", changes))
         entered: list[bool] = []
@@ -174,14 +220,87 @@ def _verify() -> tuple[str, type, str, Any]:
     return sg_planner.LAYOUT_TARGET, cls, sg_planner.LAYOUT, watch_verify_decisions
 
 
+# --------------------------------------------------------------------------
+# The draft batch: DP sync sizes and graph admission.
+# --------------------------------------------------------------------------
+
+
+def _draft() -> tuple[str, type, str, Any]:
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.outcome import DidNotEnable
+    from sglang_dspark_dp.srt.model_executor.forward_batch_info import (
+        DraftDPFieldNames,
+    )
+
+    api = adapter.load_sglang_api()
+    names = DraftDPFieldNames.for_forward_batch(api.forward_batch_cls)
+    fields = (("DP sync sizes", names.scaled_cpu), ("graph flag", names.dp_graph_ok))
+    missing = [what for what, field in fields if field is None]
+    if missing:
+        raise DidNotEnable(
+            f"this build's ForwardBatch declares no {' or '.join(missing)} field"
+        )
+    changes = ("dp-draft-metadata",)
+    found: dict[int, Any] = {}
+
+    def channel_of(proposer: Any) -> Any:
+        key = id(proposer)
+        if key not in found:
+            group = adapter.sync_group(proposer)
+            found[key] = None if group is None else watch.channel(group)
+        return found[key]
+
+    def listed(value: Any) -> tuple[int, ...] | None:
+        return None if value is None else tuple(int(v) for v in value)
+
+    def watch_draft_decisions(
+        original: Any, proposer: Any, forward_batch: Any, batch: Any, *a: Any, **k: Any
+    ):
+        result = original(proposer, forward_batch, batch, *a, **k)
+        if not adapter.takes_dp_sync(proposer, batch):
+            return result
+        ch = channel_of(proposer)
+        if ch is None:
+            return result
+        step = ch.next_step(DRAFT_SIZES)
+        scaled = listed(getattr(forward_batch, names.scaled_cpu, None))
+        logprob = (
+            None
+            if names.scaled_logprob_cpu is None
+            else listed(getattr(forward_batch, names.scaled_logprob_cpu, None))
+        )
+        raw = (
+            None
+            if names.unscaled is None
+            else listed(getattr(forward_batch, names.unscaled, None))
+        )
+        shown = f"sizes={list(scaled or ())} for logprobs={list(logprob or ())}"
+        shown += f" (per-rank counts {list(raw) if raw is not None else None})"
+        ch.note(watch.Event(DRAFT_SIZES, step, (scaled, logprob, raw), shown, changes))
+        graph = bool(getattr(forward_batch, names.dp_graph_ok, False))
+        ch.note(
+            watch.Event(
+                DRAFT_ADMISSION,
+                step,
+                graph,
+                "CUDA graph" if graph else "eager",
+                changes,
+            )
+        )
+        return result
+
+    return adapter.TARGET, api.proposer_cls, adapter.FILL, watch_draft_decisions
+
+
 SITES: tuple[Site, ...] = (
-    Site("startup", WORKER_MODULE, _startup, (CAPTURE,)),
+    Site("startup", WORKER_MODULE, _startup, (CAPTURE, FOLDED)),
     Site(
         "compact-verify",
         PLANNER_MODULE,
         _verify,
         (VERIFY_BUDGET, VERIFY_BROADCAST, VERIFY_TIER),
     ),
+    Site("draft-batch", DRAFT_MODULE, _draft, (DRAFT_SIZES, DRAFT_ADMISSION)),
 )
 
 

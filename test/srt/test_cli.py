@@ -97,9 +97,15 @@ def test_cli_doctor_json(plugin):
     sites = {s["site"]: s for s in watched["watch"]["sites"]}
     # Every release's worker takes the startup capture decision.
     assert sites["startup"]["watchable"] is True, sites
-    assert sites["startup"]["decisions"] == ["draft CUDA-graph capture"]
+    assert sites["startup"]["decisions"] == [
+        "draft CUDA-graph capture",
+        "folded-sampling",
+    ]
     verify = sites["compact-verify"]
     assert verify["decisions"] and (verify["watchable"] or verify["reason"]), verify
+    draft = sites["draft-batch"]
+    assert draft["watchable"] is True, draft
+    assert draft["decisions"] == ["draft DP sync sizes", "draft graph admission"]
 
 
 def test_cli_doctor_names_a_bad_watch_mode_and_keeps_exit(plugin):

@@ -22,7 +22,8 @@ from srt_helpers import no_children_left
 
 from sglang_dspark_dp import adapter, registry, settings, watch, watch_sites
 from sglang_dspark_dp.adapter import planner as sg_planner
-from sglang_dspark_dp.harness import compact_verify, startup
+from sglang_dspark_dp.drivers import DRAFT_WIDTH
+from sglang_dspark_dp.harness import compact_verify, lockstep, startup
 
 HANG_S = 3.0
 PART = "part ways on"
@@ -93,19 +94,23 @@ def test_on_the_arming_hooks_each_site_outside_the_repairs(watch_env):
     watch_sites.load_site_modules()
     arming = registry._Arming(lambda statuses: None)
     arming.settle()
-    assert watch_sites.hooked() == ["startup", "compact-verify"]
-    for target in (adapter.STARTUP_TARGET, sg_planner.LAYOUT_TARGET):
+    assert watch_sites.hooked() == ["startup", "compact-verify", "draft-batch"]
+    for target in (adapter.STARTUP_TARGET, sg_planner.LAYOUT_TARGET, adapter.TARGET):
         hooks = adapter.hooks_on(target)
         assert watch_hooks(target), f"no watch hook on {target}"
         # Registered last: the outermost wrapper, it sees the repaired call.
         assert getattr(hooks[-1], "__name__", "").startswith("watch_"), hooks
         assert adapter.is_patched(target)
+        # SGLang's registry knows whose hooks these are (its warning about
+        # several AROUND hooks on one method names the plugin).
+        assert set(adapter.hook_origins(target)) == {"dspark_dp"}, target
     # Hooking alone starts nothing: threads and groups come with a group's
     # first decision.
     assert watch.threads() == []
     watch_sites.uninstrument()
     assert watch_hooks(adapter.STARTUP_TARGET) == []
     assert watch_hooks(sg_planner.LAYOUT_TARGET) == []
+    assert watch_hooks(adapter.TARGET) == []
 
 
 def test_an_unknown_mode_is_one_line_and_the_default_stays(watch_env, caplog):
@@ -237,18 +242,29 @@ def run_compact(**kwargs) -> compact_verify.CompactResult:
     return result
 
 
-def test_stock_compact_verify_the_watch_names_the_tier_and_31195(sglang_version):
+def test_stock_compact_verify_the_watch_names_the_budget_and_31195(sglang_version):
+    """Stock: the ranks resolve different budgets before they run different
+    verify tiers. The watch names the budget at the first step the ranks'
+    budgets differ, with each rank's; the tiers that follow from it at the
+    same step are not named again."""
     if not releases_row(sglang_version)["compact_verify"]:
         pytest.skip(f"sglang {sglang_version} agrees on the verify tier")
     result = run_compact(fix=False, watch="log")
     assert result.diverged, result.summary()
-    first = result.diverged[0]
-    lines = result.alarms[first.ranks[0]]
-    tier = [line for line in lines if "the verify graph tier decision" in line]
-    assert tier, lines
-    assert f"at step {first.step}:" in tier[0]
-    for rank, value in zip(first.ranks, first.tiers, strict=True):
-        assert f"rank {rank}: tier={value} tokens" in tier[0]
+    ranks = result.diverged[0].ranks
+    parted = [s for s in result.steps if s.ranks == ranks and len(set(s.budgets)) > 1]
+    assert parted and parted[0].step <= result.diverged[0].step, result.summary()
+    lines = result.alarms[ranks[0]]
+    assert lines, result.summary()
+    assert "the compact-verify budget decision" in lines[0], lines
+    assert f"at step {parted[0].step}:" in lines[0], lines
+    for rank, value in zip(ranks, parted[0].budgets, strict=True):
+        assert f"rank {rank}: budget={value}" in lines[0], lines
+    assert not [
+        x
+        for x in lines
+        if "the verify graph tier decision" in x and f"at step {parted[0].step}:" in x
+    ], lines
     for line in lines:
         assert "#31195 verify-budget-broadcast" in line
         assert "SGLANG_DSPARK_DP_WATCH=log" in line
@@ -359,3 +375,100 @@ def test_a_late_relay_is_named_with_relay_wait_and_silent_with_the_plugin(
     err = capfd.readouterr().err
     assert alarm_lines(err) == [], err[-3000:]
     assert fixed.complete and fixed.agree, fixed.summary()
+
+
+# --------------------------------------------------------------------------
+# The draft batch: DP sync sizes and graph admission, every draft step.
+# --------------------------------------------------------------------------
+
+
+def run_draft(monkeypatch, fault: str | None, **kwargs) -> lockstep.RunResult:
+    if fault is None:
+        monkeypatch.delenv(lockstep.FAULT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(lockstep.FAULT_ENV, fault)
+    result = lockstep.run(
+        lockstep.RunConfig(dp=4, ep_sizes=(1,), timeout_s=60.0, watch="log", **kwargs)
+    )
+    assert no_children_left()
+    return result
+
+
+def test_with_the_plugin_the_draft_batch_is_silent(monkeypatch):
+    result = run_draft(monkeypatch, None, steps=40)
+    assert result.healthy, result.failure.render()
+    assert result.steps_done == {1: 40}
+    assert result.alarms == {r: () for r in range(4)}
+
+
+def test_one_rank_seeing_other_sync_sizes_is_named_with_the_plugin_on(monkeypatch):
+    """The plugin on, and world rank 2 alone sees the first DP rank's count
+    one higher at step 6 (an input of the draft batch's decisions): every
+    rank names the draft DP sync sizes at step 6, rank 2's sizes one draft
+    block wider in the first place, and #33098."""
+    result = run_draft(monkeypatch, "sizes:2:1:6", steps=12)
+    width = None
+    for rank in range(4):
+        lines = result.alarms.get(rank)
+        assert lines, (rank, result.alarms)
+        first = lines[0]
+        assert "ranks [0, 1, 2, 3] part ways on the draft DP sync sizes" in first
+        assert "at step 6:" in first, first
+        assert "#33098 dp-draft-metadata" in first, first
+        sizes = {
+            r: first.split(f"rank {r}: sizes=[")[1].split("]")[0].split(", ")
+            for r in range(4)
+        }
+        assert sizes[0] == sizes[1] == sizes[3] != sizes[2], first
+        assert sizes[2][1:] == sizes[0][1:], first
+        width = int(sizes[2][0]) - int(sizes[0][0])
+        assert width > 0, first
+    assert width == DRAFT_WIDTH  # one request more: one draft block wider
+
+
+# --------------------------------------------------------------------------
+# SGLang's own checker (0.5.19+): it receives DSpark's decisions.
+# --------------------------------------------------------------------------
+
+
+def checker_events(lines: tuple[str, ...]) -> int:
+    passed = [x for x in lines if "Consensus check passed for" in x]
+    return sum(int(x.split("passed for ")[1].split()[0]) for x in passed)
+
+
+def test_sglang_own_checker_receives_dspark_decisions_and_catches_a_divergence():
+    """Plain TP, two TP groups (the second at ranks 2-3), SGLang's real
+    ``configure`` on its ``GroupCoordinator``s over gloo: without a skew it
+    compares every one of the three compact-verify decisions of each step,
+    silently; with world rank 3 handed a budget one higher at step 4, its
+    own critical line in ranks 2 and 3 lists DSpark's budget event of that
+    step, with each rank's value, and it ends them; the first group serves
+    on."""
+    from sglang_dspark_dp.adapter import checker
+
+    try:
+        checker.load()
+    except ImportError:
+        pytest.skip("this SGLang has no rank consensus checker (before 0.5.19)")
+    if "compact-verify" not in [s["site"] for s in watchable()]:
+        pytest.skip("this build's planner runs no verify_lens broadcast")
+    clean = run_compact(fix=True, watch="log", sglang_checker=True)
+    assert clean.complete and clean.agree, clean.summary()
+    for rank in range(4):
+        lines = clean.checker[rank]
+        assert not [x for x in lines if x.startswith("CRITICAL")], lines
+        assert checker_events(lines) == 3 * 12, lines
+    skewed = run_compact(fix=True, watch="log", sglang_checker=True, skew_budget=(3, 4))
+    for rank in (0, 1):
+        assert rank not in skewed.errors, skewed.errors
+        assert checker_events(skewed.checker[rank]) == 3 * 12
+    budgets = {}
+    for rank in (2, 3):
+        assert "exit code 1" in skewed.errors[rank], skewed.errors
+        critical = [x for x in skewed.checker[rank] if x.startswith("CRITICAL")]
+        assert len(critical) == 1, skewed.checker[rank]
+        assert "Found rank divergence" in critical[0], critical
+        marker = "sglang-dspark-dp: compact-verify budget at step 4: "
+        assert marker in critical[0], critical
+        budgets[rank] = int(critical[0].split(marker)[1].split("'")[0])
+    assert budgets[3] == budgets[2] + 1, budgets

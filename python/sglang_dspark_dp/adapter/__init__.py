@@ -13,6 +13,7 @@ the module named after that subsystem is the one to read:
 * :mod:`.parallel`: the parallel context's override fields;
 * :mod:`.scheduler`: the scheduler's DP sync writer;
 * :mod:`.cuda_graph`: capture sizes and a ``DecodeCudaGraphRunner``'s state;
+* :mod:`.checker`: SGLang's own rank consensus checker (0.5.19+);
 * :mod:`.base`: what they share (finding a DSpark class, reading a
   signature, swapping attributes).
 
@@ -50,9 +51,12 @@ _HOMES: dict[str, str] = {
     "run_busy_forward": "draft",
     "run_idle_forward": "draft",
     "stock_fill": "draft",
+    "sync_group": "draft",
+    "takes_dp_sync": "draft",
     "add_around": "hooks",
     "apply_hooks": "hooks",
     "forget_loaded_plugins": "hooks",
+    "hook_origins": "hooks",
     "hook_registry": "hooks",
     "hooks_on": "hooks",
     "is_patched": "hooks",
@@ -82,6 +86,7 @@ _HOMES: dict[str, str] = {
     "capture_decision": "worker",
     "capture_group": "worker",
     "dp_attention_on": "worker",
+    "folded_site": "worker",
     "draft_worker_of": "worker",
     "hosts_draft": "worker",
     "injected_free_memory": "worker",

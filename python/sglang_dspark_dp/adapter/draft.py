@@ -141,3 +141,19 @@ def run_busy_forward(proposer: Any, **kwargs: Any) -> Any:
 def run_idle_forward(proposer: Any, batch: Any) -> Any:
     """The draft forward of a rank without requests."""
     return proposer.run_idle_participation(batch)
+
+
+def sync_group(proposer: Any) -> Any:
+    """The group the DP sync sizes of this proposer's batches were gathered
+    over: its draft runner's TP group (the whole DP-attention world, as
+    SGLang's ``ModelRunner`` keeps it); None where it has none."""
+    runner = getattr(proposer, "draft_model_runner", None)
+    return getattr(runner, "tp_group", None)
+
+
+def takes_dp_sync(proposer: Any, batch: Any) -> bool:
+    """Whether the fill writes DP sync sizes for ``batch`` (the stock fill's
+    own condition: the DP/EP sync path, and sizes gathered)."""
+    return (
+        dp_moe_sync(proposer) and getattr(batch, "global_num_tokens", None) is not None
+    )

@@ -29,9 +29,45 @@ def hooks_on(target: str) -> list[Any]:
     return [entry[1] for entry in registry._hooks.get(target, [])]
 
 
+#: The distribution the hooks come from, as SGLang's registry names it.
+DIST_NAME = "sglang-dspark-dp"
+
+
+def hook_source() -> Any:
+    """This plugin as SGLang's ``HookSource`` names a hook's origin (None
+    where the registry has none): the hooks are registered when DSpark's
+    modules are imported, after ``load_plugins()`` has left its context,
+    so the registry would not know them otherwise."""
+    try:
+        from sglang.srt.plugins.hook_registry import HookSource
+    except ImportError:
+        return None
+    from sglang_dspark_dp.plugin import PLUGIN_NAME
+
+    return HookSource(PLUGIN_NAME, DIST_NAME)
+
+
+def hook_origins(target: str) -> list[str | None]:
+    """Per hook registered on ``target``, in order, the plugin SGLang's
+    registry names as its origin (None: it knows none)."""
+    registry, _ = hook_registry()
+    out = []
+    for entry in registry._hooks.get(target, []):
+        source = entry[2] if len(entry) > 2 else None
+        out.append(getattr(source, "plugin_name", None))
+    return out
+
+
 def register_around(target: str, hook: Any) -> None:
+    from sglang_dspark_dp.adapter.base import signature_of
+
     registry, kind = hook_registry()
-    registry.register(target, hook, kind.AROUND)
+    source = hook_source()
+    sig = signature_of(registry.register)
+    if source is not None and sig is not None and "source" in sig.parameters:
+        registry.register(target, hook, kind.AROUND, source=source)
+    else:
+        registry.register(target, hook, kind.AROUND)
 
 
 def apply_hooks() -> None:

@@ -111,6 +111,15 @@ def folded_decision() -> Any:
     return fn if callable(fn) else None
 
 
+def folded_site() -> tuple[Any, str] | None:
+    """``(module, name)`` where the draft sampler's build looks its
+    folded-sampling decision up (None: this release has none)."""
+    fn = folded_decision()
+    if fn is None:
+        return None
+    return importlib.import_module(SAMPLER_MODULE), FOLDED_DECISION
+
+
 def decide_folded(fn: Any, *, model: Any, gamma: int, max_bs: int, **given: Any):
     """Call the installed decision with what it takes: the model, the draft
     width and the largest batch, plus whichever of ``given`` (``device``,

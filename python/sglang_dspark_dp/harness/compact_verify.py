@@ -130,6 +130,11 @@ class CompactConfig:
     #: ``schedule_layout`` a budget one more than it resolved at that step,
     #: an input of a watched decision perturbed on one rank (None: never).
     skew_budget: tuple[int, int] | None = None
+    #: SGLang's own rank consensus checker (0.5.19+) configured in every
+    #: rank on its TP group (SGLang's ``GroupCoordinator``), as the
+    #: scheduler configures it; needs ``watch`` (its switch) and
+    #: ``coordinator``. Its log lines come back in ``CompactResult.checker``.
+    sglang_checker: bool = False
 
     @property
     def world(self) -> int:
@@ -221,6 +226,16 @@ class CompactConfig:
             )
         if self.watch is not None and self.watch not in ("exit", "log"):
             raise CannotRun(f"watch must be 'exit', 'log' or None, got {self.watch!r}")
+        if self.sglang_checker not in (True, False):
+            raise CannotRun(
+                f"sglang_checker must be True or False, got {self.sglang_checker!r}"
+            )
+        if self.sglang_checker and (self.watch is None or not self.coordinator):
+            raise CannotRun(
+                "sglang_checker needs watch (SGLang's switch turns both on) and "
+                f"coordinator (its groups), got watch={self.watch!r}, "
+                f"coordinator={self.coordinator!r}"
+            )
         if isinstance(self.repairs, str) or any(
             r not in VERIFY_REPAIRS for r in self.repairs
         ):
@@ -303,6 +318,9 @@ class CompactResult:
     seconds: float
     #: Rank -> the watch's alarm lines there (``watch="log"``).
     alarms: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: Rank -> SGLang's checker's log lines there (``sglang_checker``), kept
+    #: on disk as it logs them: it ends the process on a divergence.
+    checker: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -471,6 +489,8 @@ def _rank_body(rank: int, cfg: CompactConfig, port: int, sps_path: str):
         _rank_run(rank, cfg, port, sps_path, records, status)
     except Exception as exc:  # keep the steps recorded before it
         error = "".join(traceback.format_exception(exc))[-2000:]
+    if cfg.sglang_checker:
+        world.sglang_checker_off()
     alarms = world.watch_off() if cfg.watch is not None else []
     return {"records": records, "status": status, "error": error, "alarms": alarms}
 
@@ -529,6 +549,8 @@ def _rank_run(
         for r in tp_layout
     ]
     referee = _Referee(referee_groups[index], cfg.tp)
+    if cfg.sglang_checker:
+        world.sglang_checker_on([base], checker_log(sps_path, rank))
     group = _TPGroup(base, referee)
     status["group_kind"] = groups.kind(base)
     in_group = group.rank_in_group
@@ -791,6 +813,25 @@ def write_sps_table(cfg: CompactConfig) -> str:
     return path
 
 
+def checker_log(sps_path: str, rank: int) -> str:
+    """Where rank ``rank`` keeps SGLang's checker's lines (next to the
+    run's SPS table)."""
+    return f"{sps_path}.checker-rank{rank}.log"
+
+
+def _read_lines(path: str) -> tuple[str, ...]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return tuple(line.rstrip("\n") for line in f)
+    except OSError:
+        return ()
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def run_compact_verify(cfg: CompactConfig) -> CompactResult:
     """Run one scenario; raises :class:`CannotRun` for bad input or when the
     installed SGLang has no DSpark verify planner to drive."""
@@ -810,6 +851,15 @@ def run_compact_verify(cfg: CompactConfig) -> CompactResult:
         )
     except DidNotEnable as exc:
         raise CannotRun(str(exc)) from exc
+    if cfg.sglang_checker:
+        from sglang_dspark_dp.adapter import checker
+
+        try:
+            checker.load()
+        except ImportError as exc:
+            raise CannotRun(
+                f"this SGLang has no rank consensus checker (0.5.19+): {exc}"
+            ) from exc
     port = free_port(cfg.port)
     sps_path = write_sps_table(cfg)
     start = time.monotonic()
@@ -825,6 +875,11 @@ def run_compact_verify(cfg: CompactConfig) -> CompactResult:
             os.unlink(sps_path)
         except OSError:
             pass
+    checker = (
+        {r: _read_lines(checker_log(sps_path, r)) for r in range(cfg.world)}
+        if cfg.sglang_checker
+        else {}
+    )
     errors: dict[int, str] = {}
     for r in range(cfg.world):
         report = reports.get(r)
@@ -867,6 +922,7 @@ def run_compact_verify(cfg: CompactConfig) -> CompactResult:
         alarms={
             r: tuple(reports.get(r, {}).get("alarms", ())) for r in range(cfg.world)
         },
+        checker=checker,
     )
 
 

@@ -67,6 +67,11 @@ class RunConfig:
     fix: bool = True
     port: int = 0
     timeout_s: float = 60.0
+    #: The consensus watch in every rank (:mod:`sglang_dspark_dp.watch`),
+    #: hooked after the repair, over each draft runner's TP group (the
+    #: world, a ``GroupCoordinator`` on gloo): its mode (``exit`` or
+    #: ``log``); None: off.
+    watch: str | None = None
 
     @property
     def world(self) -> int:
@@ -91,6 +96,8 @@ class RunConfig:
             )
         if self.steps < 1:
             raise CannotRun(f"--steps must be at least 1, got {self.steps!r}")
+        if self.watch is not None and self.watch not in ("exit", "log"):
+            raise CannotRun(f"watch must be 'exit', 'log' or None, got {self.watch!r}")
         for ep in self.ep_sizes:
             if ep < 1 or ep > self.world:
                 raise CannotRun(
@@ -128,6 +135,8 @@ class RunResult:
     seconds: float
     #: The SGLang function that wrote the sync sizes into every step's batch.
     sync_writer: str = SYNC_WRITER
+    #: Rank -> the watch's alarm lines there (``watch="log"``).
+    alarms: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -163,7 +172,10 @@ def _gather_ints(dist, values: list[int], world: int) -> list[list[int]]:
 #: process exit abruptly at that step, to prove the run then ends with a clear
 #: message and no process left behind; ``skew:RANK:EP:STEP:FIELD`` adds one to
 #: that rank's FIELD (one of :data:`JUDGED`) of that step's decision, as a
-#: rank that decided differently would, to prove the verdict names it.
+#: rank that decided differently would, to prove the verdict names it;
+#: ``sizes:RANK:EP:STEP`` makes that rank see the first DP rank's count one
+#: higher in that step's gathered sync sizes (an input of the draft batch's
+#: decisions perturbed on one rank, for the watch to name).
 FAULT_ENV = "SGLANG_DSPARK_DP_FAULT"
 #: The decision fields the ranks are judged on (:func:`_judge`).
 JUDGED = ("admitted", "bucket", "padded_tokens", "non_padded_cpu", "gaps")
@@ -171,7 +183,7 @@ JUDGED = ("admitted", "bucket", "padded_tokens", "non_padded_cpu", "gaps")
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    kind: str  # "die" | "skew"
+    kind: str  # "die" | "skew" | "sizes"
     rank: int
     ep: int
     step: int
@@ -191,14 +203,15 @@ def _fault() -> Fault | None:
     parts = rest.split(":")
     fields = JUDGED
     try:
-        if kind == "die" and len(parts) == 3:
-            return Fault("die", *(int(x) for x in parts))
+        if kind in ("die", "sizes") and len(parts) == 3:
+            return Fault(kind, *(int(x) for x in parts))
         if kind == "skew" and len(parts) == 4 and parts[3] in fields:
             return Fault("skew", *(int(x) for x in parts[:3]), field=parts[3])
     except ValueError:
         pass
     raise CannotRun(
-        f"{FAULT_ENV} must be die:RANK:EP:STEP or skew:RANK:EP:STEP:FIELD "
+        f"{FAULT_ENV} must be die:RANK:EP:STEP, sizes:RANK:EP:STEP or "
+        f"skew:RANK:EP:STEP:FIELD "
         f"(FIELD one of {', '.join(fields)}), got {spec!r}"
     )
 
@@ -221,6 +234,8 @@ def _rank_main(rank: int, cfg: RunConfig, port: int, results, progress) -> None:
     except Exception as exc:
         results.put(("error", rank, "".join(traceback.format_exception(exc))[-2000:]))
     finally:
+        if cfg.watch is not None:
+            results.put(("alarms", rank, tuple(world.watch_off())))
         try:
             dist.destroy_process_group()
         except Exception:
@@ -246,6 +261,14 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
         repair.uninstrument()
         plugin = "off (--no-fix)"
         names = dspark_draft.probe(api).names
+    tp_group = None
+    if cfg.watch is not None:
+        from sglang_dspark_dp.harness import groups, world
+
+        world.watch_on(cfg.watch)
+        tp_group = groups.make_group(
+            [list(range(cfg.world))], rank, name="tp", timeout_s=cfg.timeout_s
+        )
     capture = adapter.capture_sizes(MAX_CAPTURE_BS)
     graph = adapter.graph_runner(
         api, dp_size=cfg.dp, width=DRAFT_WIDTH, capture_bs=capture
@@ -269,6 +292,8 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
         driver, wants_device = draft_driver(
             api, graph=graph, names=names, ep=ep, **topology
         )
+        if tp_group is not None:
+            driver.runner.tp_group = tp_group  # as SGLang's ModelRunner keeps it
         # One collective per step: this step's sync sizes travel with the
         # previous step's decisions (judged one step late, by every rank
         # alike, so all ranks still stop at the same step).
@@ -308,6 +333,9 @@ def _rank_loop(rank, cfg: RunConfig, results, progress, dist) -> None:
             # One row per DP rank: its first attention-TP rank's.
             sync = [g[:3] for g in gathered[:: cfg.attn_tp]]
             counts = [g[0] for g in sync]
+            if fault is not None and fault.kind == "sizes" and fault.at(rank, ep, t):
+                sync = [list(row) for row in sync]
+                sync[0][0] += 1  # the test hook: this rank alone sees it
             decision, text = draft_decision(
                 api,
                 writer,
@@ -559,6 +587,7 @@ def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
     # A generous wall-clock bound: start-up plus a few ms per rank-step.
     deadline = start + 120 + total * cfg.world * 0.02 + cfg.timeout_s
     outcome = None
+    alarms: dict[int, tuple[str, ...]] = {}
     try:
         for p in procs:
             p.start()
@@ -569,6 +598,8 @@ def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
                 kind = None
             if on_progress is not None:
                 on_progress(progress.value, total)
+            if kind == "alarms":
+                alarms[rank] = payload
             if kind == "done":
                 outcome = payload
                 break
@@ -590,6 +621,8 @@ def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
                 )
         for p in procs:
             p.join(timeout=cfg.timeout_s)
+        if cfg.watch is not None:
+            _collect_alarms(results, cfg, procs, alarms)
     finally:
         stop(procs, results)
     if on_progress is not None:
@@ -603,4 +636,22 @@ def run(cfg: RunConfig, *, on_progress=None) -> RunResult:
         tiers=tiers,
         failure=failure,
         seconds=time.monotonic() - start,
+        alarms=alarms,
     )
+
+
+def _collect_alarms(
+    results: Any, cfg: RunConfig, procs: list[Any], alarms: dict[int, Any]
+) -> None:
+    """Every rank's watch alarms into ``alarms``, as the ranks sent them
+    when they stopped (a rank that never sent any is missing)."""
+    deadline = time.monotonic() + cfg.timeout_s
+    while len(alarms) < cfg.world and time.monotonic() < deadline:
+        try:
+            kind, rank, payload = results.get(timeout=0.2)
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs):
+                return
+            continue
+        if kind == "alarms":
+            alarms[rank] = payload

@@ -141,6 +141,29 @@ def watch_on(how: str, *, fails: bool = False) -> list[str]:
     return watch_sites.instrument(apply=True)
 
 
+def sglang_checker_on(groups_: list[Any], log_path: str) -> None:
+    """SGLang's own rank consensus checker configured on ``groups_`` from
+    this thread, as the scheduler configures it, its lines (every level)
+    written to ``log_path`` as it logs them (ImportError where the
+    installed release has no checker)."""
+    from sglang_dspark_dp.adapter import checker
+
+    module = checker.load()
+    log = logging.getLogger(module.__name__)
+    handler = logging.FileHandler(log_path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    checker.configure(groups_)
+
+
+def sglang_checker_off() -> None:
+    """SGLang's checker stopped (what it holds compared first)."""
+    from sglang_dspark_dp.adapter import checker
+
+    checker.shutdown()
+
+
 def watch_off() -> list[str]:
     """Compare what this rank's watch still holds, stop it; its alarms."""
     from sglang_dspark_dp import watch
