@@ -450,3 +450,40 @@ def test_bad_config_names_the_field(kwargs, words):
     for word in words:
         assert word in str(err.value)
     assert not mp.active_children()
+
+
+def test_the_summary_counts_broadcasts_per_group_step():
+    """Two groups of two over three steps, the broadcast entered at two of
+    each group's steps: 4 of 6 group steps, none at the other 2 (never a
+    negative count)."""
+    from sglang_dspark_dp.harness.compact_verify import (
+        CompactConfig,
+        CompactResult,
+        StepOutcome,
+    )
+
+    cfg = CompactConfig(tp=2, groups=2, steps=3)
+    steps = tuple(
+        StepOutcome(
+            step=step,
+            ranks=ranks,
+            budgets=(8, 8),
+            tiers=(32, 32),
+            in_broadcast=(step > 0, step > 0),
+            late=(False, False),
+        )
+        for ranks in ((0, 1), (2, 3))
+        for step in range(3)
+    )
+    result = CompactResult(
+        config=cfg,
+        sglang_version="x",
+        repairs=(),
+        group_kind="GroupCoordinator",
+        steps=steps,
+        errors={},
+        seconds=0.0,
+    )
+    line = result.summary()
+    assert "agreed at every one of 3 steps" in line, line
+    assert "entered by all ranks at 4 of 6 group steps, by none at 2)" in line, line

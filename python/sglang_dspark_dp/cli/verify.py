@@ -146,14 +146,19 @@ def _startup_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
 #: what it said and the run goes on to show what the harness sees.
 _WATCH_MODE = "log"
 _CAPTURE = "the draft CUDA-graph capture decision"
+#: The startup decisions a group parts on (the capture decision first; the
+#: folded-sampling decision where the ranks captured alike).
+_STARTUP = (_CAPTURE, "the folded-sampling decision")
+_DRAFT = ("the draft DP sync sizes decision", "the draft graph admission decision")
 _VERIFY = ("compact-verify budget", "verify_lens broadcast entry", "verify graph tier")
 
 
 def startup_watch(result) -> tuple[bool, list[str]]:
     """Whether the watch said what it had to of one startup run, and its
     lines: in every capture group whose ranks disagree, every rank's line
-    names the capture decision (it is checked before the capture barrier:
-    first); where they agree, nothing."""
+    names a startup decision (the capture decision, or folded sampling
+    where they captured alike; checked before the capture barrier: first);
+    where they agree, nothing."""
     lines: list[str] = []
     ok = True
     for ranks in result.by_group():
@@ -163,7 +168,7 @@ def startup_watch(result) -> tuple[bool, list[str]]:
                 ok = False
                 lines.append(f"watch: FALSE ALARM: {said[0]}")
             continue
-        named = [r for r in ranks if any(_CAPTURE in a for a in r.alarms)]
+        named = [r for r in ranks if any(d in a for a in r.alarms for d in _STARTUP)]
         if len(named) == len(ranks):
             lines.append(f"watch: named it first: {ranks[0].alarms[0]}")
         else:
@@ -171,7 +176,7 @@ def startup_watch(result) -> tuple[bool, list[str]]:
             lines.append(
                 "watch: MISSED: ranks "
                 + ", ".join(str(r.rank) for r in ranks if r not in named)
-                + " did not name the capture decision the group parted on"
+                + " did not name the startup decision the group parted on"
             )
     return ok, lines
 
@@ -217,6 +222,39 @@ def compact_watch(result) -> tuple[bool, list[str]]:
         else:
             lines.append(f"watch: named it first: {said[ranks[0]][0]}")
     return ok, lines
+
+
+def decode_watch(result) -> tuple[bool, list[str]]:
+    """What the watch said of the decode run, and whether the run stays
+    good by it: a line of the watch means the ranks parted ways on a draft
+    decision (every rank's first line must name one), which fails the run
+    even where the harness's own checks saw nothing; a disagreement the
+    harness saw that the watch did not name is MISSED. A crash or a wrong
+    value every rank shares is not a divergence: the watch stays silent
+    (the crash is named above)."""
+    said = {r: result.alarms.get(r, ()) for r in range(result.config.world)}
+    f = result.failure
+    judged = f is not None and f.kind == "disagreement"
+    if any(said.values()):
+        for r, lines in said.items():
+            if not lines or not any(d in lines[0] for d in _DRAFT):
+                return False, [
+                    f"watch: MISSED: rank {r} did not name the draft decision the "
+                    "ranks parted on"
+                ]
+        how = "named it first" if judged else "named what the harness does not judge"
+        return False, [f"watch: {how}: {said[0][0]}"]
+    if judged:
+        return False, [
+            f"watch: MISSED: no rank named the draft decision the ranks parted on "
+            f"at step {f.step} (EP {f.ep})"
+        ]
+    if f is not None:
+        return True, [
+            f"watch: silent: the ranks did not part ways ({f.kind} at step {f.step} "
+            "on the ranks alike, named above)"
+        ]
+    return True, []
 
 
 def _non_overlap_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
@@ -355,6 +393,7 @@ def _decode_phase(args: argparse.Namespace) -> int:
         fix=not args.no_fix,
         port=args.port,
         timeout_s=args.timeout,
+        watch=_WATCH_MODE if args.watch else None,
     )
     bar = _Progress(enabled=not args.no_progress)
     print(
@@ -375,6 +414,11 @@ def _decode_phase(args: argparse.Namespace) -> int:
     bar.close()
     print()
     print(render_tiers(result))
+    watch_ok = True
+    if args.watch:
+        watch_ok, said = decode_watch(result)
+        for line in said:
+            print(f"  {line}")
     done = sum(result.steps_done.values())
     head = (
         f"sglang {result.sglang_version}, plugin {result.plugin}; sync sizes "
@@ -382,11 +426,17 @@ def _decode_phase(args: argparse.Namespace) -> int:
     )
     if result.failure is None:
         print(
-            f"verify: OK: {cfg.dp} DP ranks agreed on admission, graph size, padded "
+            f"verify: {'OK' if watch_ok else 'the checks passed'}: {cfg.dp} DP ranks agreed on admission, graph size, padded "
             f"tokens and EP accounting at all {done} steps ({head}, "
             f"{result.seconds:.0f} s)"
         )
-        return EXIT_OK
+        if watch_ok:
+            return EXIT_OK
+        print(
+            "verify: FAILED: the watch saw the ranks part ways on a draft decision "
+            "(see the watch line above)"
+        )
+        return EXIT_FAIL
     f = result.failure
     if f.kind == "crash" and KNOWN_CRASH in f.detail:
         print(
@@ -433,8 +483,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     common.add_flag(
         v,
         "--watch",
-        "run the startup and compact-verify ranks with the consensus watch on "
-        "(log mode): each divergence must be named first by the watch's line, "
-        "and with the plugin the watch must stay silent",
+        "run every simulated world (startup, compact verify, the decode steps) "
+        "with the consensus watch on (log mode): each divergence must be named "
+        "first by the watch's line, and where the ranks agree the watch must "
+        "stay silent",
     )
     v.set_defaults(func=cmd_verify)

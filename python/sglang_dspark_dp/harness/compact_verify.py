@@ -365,15 +365,17 @@ class CompactResult:
             )
         if self.agree:
             tiers = sorted({t for s in self.steps for t in s.tiers if t is not None})
+            # Counted per group and step (each group broadcasts on its own).
             ins = sum(s.broadcast == ALL_IN for s in self.steps)
-            n = n // self.config.groups
             who = f"all {self.config.tp} ranks"
+            unit = "steps"
             if self.config.groups > 1:
                 who += f" of each of {self.config.groups} groups"
+                unit = "group steps"
             return (
-                f"{where}: {who} agreed at every one of {n} steps "
-                f"(graph tiers used: {tiers}; verify_lens broadcast entered by all "
-                f"ranks at {ins} steps, by none at {n - ins})"
+                f"{where}: {who} agreed at every one of {n // self.config.groups} "
+                f"steps (graph tiers used: {tiers}; verify_lens broadcast entered "
+                f"by all ranks at {ins} of {n} {unit}, by none at {n - ins})"
             )
         bits = []
         if self.diverged:
