@@ -116,6 +116,7 @@ class Channel:
         self.steps: dict[str, int] = {}
         self.stopped = ""
         self._reported: set[str] = set()
+        self._parted: set[tuple[str, tuple[str, ...]]] = set()
         # deque.append is atomic and takes no lock: the scheduler thread's
         # whole cost of a decision; the thread polls every GATHER_S.
         self._queue: collections.deque[Any] = collections.deque()
@@ -238,20 +239,20 @@ class Channel:
 
         gathered: list[Any] = [None] * len(self.ranks)
         dist.all_gather_object(gathered, events, group=self.pg)
-        # Per step, its first divergence only: the later ones of that step
-        # follow from it (the tier from the budget; no folded-sampling
-        # decision where capture was skipped). Log mode names each
-        # decision's first divergence once.
-        seen_steps: set[str] = set()
+        # Per step (of one site: the same changes), its first divergence
+        # only, across drains: the later ones of that step follow from it
+        # (the tier from the budget; no folded-sampling decision where
+        # capture was skipped). Log mode names each decision's first
+        # divergence once.
         for i in differences(gathered):
-            step = repr(gathered[0][i].step)
-            if step in seen_steps:
+            event = gathered[0][i]
+            where = (repr(event.step), event.changes)
+            if where in self._parted:
                 continue
-            seen_steps.add(step)
-            decision = gathered[0][i].decision
-            if decision in self._reported:
+            self._parted.add(where)
+            if event.decision in self._reported:
                 continue
-            self._reported.add(decision)
+            self._reported.add(event.decision)
             self._alarm(alarm_line(self.ranks, gathered, i))
 
     def _alarm(self, line: str) -> None:

@@ -250,6 +250,7 @@ def _search_and_soak(args: argparse.Namespace, fix: bool) -> int:
             seed=args.seed,
             hang_s=args.hang,
             on_search=said,
+            watch=args.watch,
         )
     found = [s for s in searches if s.finding is not None]
     confirmed = []
@@ -263,6 +264,7 @@ def _search_and_soak(args: argparse.Namespace, fix: bool) -> int:
             masks=s.outcome.masks,
             hang_s=args.hang,
             dump_dir=where,
+            watch=args.watch,
         )
         same = again.finding is not None and again.finding.site == s.finding.site
         confirmed.append(same)
@@ -270,16 +272,21 @@ def _search_and_soak(args: argparse.Namespace, fix: bool) -> int:
     if soak_steps:
         for n in args.ranks:
             for sched in diverge.soak_schedules(args.layouts, n, soak_steps, args.seed):
-                out = diverge.run(sched, fix=fix, hang_s=args.hang)
+                out = diverge.run(sched, fix=fix, hang_s=args.hang, watch=args.watch)
                 soaks.append(out)
                 if not args.json:
+                    said = [x for lines in out.alarms.values() for x in lines]
                     state = (
                         f"diverged: {out.finding.title()}"
                         if out.finding
                         else (
-                            "agreed at every step"
-                            if out.complete
-                            else f"incomplete: {out.errors}"
+                            f"the watch alarmed: {said[0]}"
+                            if said
+                            else (
+                                "agreed at every step"
+                                if out.complete
+                                else f"incomplete: {out.errors}"
+                            )
                         )
                     )
                     print(
@@ -288,7 +295,9 @@ def _search_and_soak(args: argparse.Namespace, fix: bool) -> int:
                         f"steps, {state} ({out.seconds:.1f} s)",
                         flush=True,
                     )
-    bad_soaks = [o for o in soaks if o.finding is not None or not o.complete]
+    bad_soaks = [
+        o for o in soaks if o.finding is not None or not o.complete or o.alarms
+    ]
     status = EXIT_FAIL if found or bad_soaks else EXIT_OK
     payload = {
         "sglang": _header(args).split("sglang ")[1].split(",")[0],
@@ -390,9 +399,6 @@ def cmd_diverge(args: argparse.Namespace) -> int:
             common.err("--explain and --replay cannot be given together")
             return EXIT_CANNOT
         return _cmd_explain(args)
-    if args.watch and args.replay is None:
-        common.err("--watch is for --replay (one schedule played with the watch on)")
-        return EXIT_CANNOT
     try:
         if args.replay is not None:
             return _cmd_replay(args)
@@ -451,8 +457,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     common.add_flag(
         d,
         "--watch",
-        "with --replay: every rank runs the consensus watch (log mode) beside "
-        "the flight recorder; a finding it named says 'found by: watch'",
+        "every rank of every run (search, confirmation, soak, --replay) runs the "
+        "consensus watch (log mode) beside the flight recorder; a finding it "
+        "named says 'found by: watch', a soak it alarmed on fails",
     )
     d.add_argument(
         "--explain",

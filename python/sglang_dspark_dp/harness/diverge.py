@@ -1348,12 +1348,14 @@ def search(
     hang_s: float = 3.0,
     on_run: Any = None,
     known: frozenset[tuple[str, str | None]] = frozenset(),
+    watch: bool = False,
 ) -> Search:
     """Run up to ``examples`` generated schedules (distinct canonical ones)
     until one diverges in a way not ``known`` (``(site, change)`` of
     earlier findings), then shrink it with
     at most ``shrink_runs`` more runs, keeping it new; the smallest such
-    schedule found and its finding."""
+    schedule found and its finding. ``watch``: every run with the consensus
+    watch on (see :func:`run`)."""
     from hypothesis import HealthCheck, Phase, find, settings
     from hypothesis.errors import NoSuchExample
 
@@ -1374,7 +1376,7 @@ def search(
             state["shrinks"] += 1
         elif state["runs"] >= examples:
             raise _Budget  # as many runs as examples, none new
-        out = run(s, fix=fix, masks=masks, hang_s=hang_s)
+        out = run(s, fix=fix, masks=masks, hang_s=hang_s, watch=watch)
         state["runs"] += 1
         outcomes[s] = out
         if on_run is not None:
