@@ -344,24 +344,32 @@ def test_verify_watch_names_each_defect_first_and_stays_silent_with_the_fix(
     assert watch_said(fixed.stdout) == [], fixed.stdout
 
 
-def test_verify_watch_fails_a_run_whose_ranks_saw_other_sync_sizes(plugin):
+def test_verify_watch_fails_a_run_whose_ranks_saw_other_sync_sizes(
+    plugin, monkeypatch, capsys
+):
     """The plugin on, and one rank (world rank 2) sees other DP sync sizes
-    at step 2 (the harness's test hook): verify --watch exits 1 with the
-    watch's line naming the draft DP sync sizes, whether or not the
-    harness's own checks see the ranks part."""
+    at step 2 (the harness's test hook): verify --watch's decode phase (its
+    arguments parsed by the CLI's own parser) exits 1 with the watch's line
+    naming the draft DP sync sizes, whether or not the harness's own checks
+    see the ranks part."""
     from known_releases import backport_fixes
-    from srt_helpers import cli
+
+    from sglang_dspark_dp.cli import build_parser, verify
 
     if backport_fixes():
         pytest.skip("backport mode: the plugin is off")
-    args = ["verify", "--steps", "4", "--dp", "4", "--no-progress", "--no-startup"]
-    proc = cli([*args, "--watch"], SGLANG_DSPARK_DP_FAULT="sizes:2:1:2")
-    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
-    said = watch_said(proc.stdout)
+    monkeypatch.setenv(lockstep.FAULT_ENV, "sizes:2:1:2")
+    args = build_parser().parse_args(
+        ["verify", "--steps", "4", "--dp", "4", "--no-progress", "--watch"]
+    )
+    assert verify._decode_phase(args) == 1
+    out = capsys.readouterr().out
+    assert no_children_left()
+    said = watch_said(out)
     draft = [x for x in said if "part ways on the draft DP sync sizes decision" in x]
-    assert draft, proc.stdout
+    assert draft, out
     assert draft[0].startswith("watch: named"), draft
-    assert "verify: FAILED" in proc.stdout, proc.stdout
+    assert "verify: FAILED" in out, out
 
 
 def run_late(**kwargs) -> compact_verify.CompactResult:
