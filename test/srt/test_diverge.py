@@ -165,35 +165,6 @@ def test_with_the_watch_the_capture_decision_is_named_before_the_barrier(row):
     assert fixed.complete
 
 
-def test_a_search_with_the_watch_finds_the_capture_decision_by_it(row):
-    """``diverge --watch`` searches too: every generated run has the watch
-    on, so the stock startup disagreement a search finds (everything but
-    the capture decision masked) says ``detector: watch``."""
-    layout = "tp" if row["startup_tp"] else "dp"
-    if not row[f"startup_{layout}"]:
-        pytest.skip("this build reduces the startup reading in both layouts")
-    # Everything masked but the capture decision's consequence and the
-    # perturbation that reaches it (the free-memory reading).
-    keep = ("capture", "memory")
-    others = frozenset(m for site, m in diverge.MASK_OF.items() if site not in keep)
-    with diverge.repairs_as(False):
-        found = diverge.search(
-            layout,
-            2,
-            fix=False,
-            masks=others,
-            examples=14,
-            shrink_runs=0,
-            max_steps=1,
-            hang_s=HANG_S,
-            watch=True,
-        )
-    f = found.finding
-    assert f is not None and f.site == "capture", found
-    assert f.detector == "watch", f.as_dict()
-    assert "the draft CUDA-graph capture decision at startup" in f.watch, f.watch
-
-
 def test_without_the_watch_a_finding_is_the_recorders(stock_runs, row):
     if not row["startup_dp"]:
         pytest.skip("this build reduces the startup reading under DP attention")
