@@ -13,7 +13,10 @@ One process per rank joined by gloo over loopback. Each step is
 ``--work-us`` microseconds of pure-Python work on the scheduler thread (a
 DSpark decode step's host time is milliseconds), plus, with the watch on,
 the same calls the verify site makes (``next_step``, three ``Event``s,
-three ``note``s) on the watch's real channel. Off and on alternate for
+three ``note``s) on the watch's real channel; with ``--draft``, also the
+draft-batch site's of a DP-attention step (``next_step``, the DP sync
+sizes of every rank and the graph admission: two more ``Event``s and
+``note``s). Off and on alternate for
 ``--rounds`` rounds; each round times ``--steps`` steps. The channel is
 made once per run, as a server makes one per group, so its thread idles
 through the off rounds (a wake-up every 10 ms). Per rank count:
@@ -67,10 +70,13 @@ def _work(us: float) -> None:
         n += 1
 
 
-def _steps(steps: int, work_us: float, channel: Any) -> list[float]:
+def _steps(
+    steps: int, work_us: float, channel: Any, *, draft: bool = False
+) -> list[float]:
     from sglang_dspark_dp import watch
 
     out = []
+    world = channel.pg.size() if channel is not None and draft else 0
     for i in range(steps):
         t0 = time.perf_counter_ns()
         _work(work_us)
@@ -80,6 +86,16 @@ def _steps(steps: int, work_us: float, channel: Any) -> list[float]:
             channel.note(watch.Event("budget", step, 64, "budget=64", changes))
             channel.note(watch.Event("entry", step, True, "entered", changes))
             channel.note(watch.Event("tier", step, 48 + i % 3, "tier", changes))
+            if draft:
+                dstep = channel.next_step("draft DP sync sizes")
+                raw = tuple(4 + (i + r) % 5 for r in range(world))
+                scaled = tuple(4 * n for n in raw)
+                shown = f"sizes={list(scaled)} for logprobs={list(scaled)}"
+                shown += f" (per-rank counts {list(raw)})"
+                key = (scaled, scaled, raw)
+                dp = ("dp-draft-metadata",)
+                channel.note(watch.Event("sizes", dstep, key, shown, dp))
+                channel.note(watch.Event("admission", dstep, True, "CUDA graph", dp))
         out.append((time.perf_counter_ns() - t0) / 1000.0)
     return out
 
@@ -101,14 +117,21 @@ def _rank_run(rank: int, world: int, port: int, args: dict) -> dict[str, Any]:
         row: dict[str, list[float]] = {}
         for variant in ("off", "on"):
             used = channel if variant == "on" else None
-            _steps(args["warmup"], args["work_us"], used)
+            _steps(args["warmup"], args["work_us"], used, draft=args["draft"])
             dist.barrier(group=pg)
-            row[variant] = _steps(args["steps"], args["work_us"], used)
+            row[variant] = _steps(
+                args["steps"], args["work_us"], used, draft=args["draft"]
+            )
             dist.barrier(group=pg)
         rounds.append(row)
     alarms = watch.shutdown()
     dist.destroy_process_group()
-    return {"rounds": rounds, "alarms": alarms, "stopped": channel.stopped}
+    return {
+        "rounds": rounds,
+        "alarms": alarms,
+        "stopped": channel.stopped,
+        "decisions": dict(channel.steps),
+    }
 
 
 def run_world(world: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -119,6 +142,7 @@ def run_world(world: int, args: argparse.Namespace) -> dict[str, Any]:
         "warmup": args.warmup,
         "work_us": args.work_us,
         "timeout": args.timeout,
+        "draft": args.draft,
     }
     reports = common.run_ranks(_rank_run, world, shared, args.timeout)
     alarms = [a for r in reports.values() for a in r["alarms"]]
@@ -143,7 +167,8 @@ def run_world(world: int, args: argparse.Namespace) -> dict[str, Any]:
                 "steps_ratio": total_off / total_on,
             }
         )
-    return {"ranks": world, "rounds": rounds}
+    # What the watch was given: each decision's count of steps, rank 0's.
+    return {"ranks": world, "rounds": rounds, "decisions": reports[0]["decisions"]}
 
 
 def render_table(rows: list[dict[str, Any]]) -> str:
@@ -181,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--work-us", type=float, default=2000.0, help="host work of one stand-in step"
     )
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument(
+        "--draft",
+        action="store_true",
+        help="also the draft-batch site's calls (a DP-attention decode step)",
+    )
     p.add_argument("--out", default=None, help="write the JSON here")
     return p
 
@@ -206,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "steps": args.steps,
         "work_us": args.work_us,
+        "sites": ["compact-verify", "draft-batch"]
+        if args.draft
+        else ["compact-verify"],
         "rows": rows,
     }
     print(render_table(rows))

@@ -11,13 +11,21 @@ import pytest
 from sglang_dspark_dp_bench.draft_metadata import bench_watch as bw
 
 
-def test_a_short_run_measures_both_variants_per_round(tmp_path, capsys):
+@pytest.mark.parametrize("draft", [False, True])
+def test_a_short_run_measures_both_variants_per_round(tmp_path, capsys, draft):
     out = tmp_path / "watch.json"
     argv = ["--ranks", "2", "--rounds", "2", "--steps", "40", "--warmup", "5"]
+    argv += ["--draft"] if draft else []
     assert bw.main([*argv, "--work-us", "200", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
+    want = ["compact-verify", "draft-batch"] if draft else ["compact-verify"]
+    assert result["sites"] == want
     (row,) = result["rows"]
     assert row["ranks"] == 2 and len(row["rounds"]) == 2
+    # Every 'on' step (warm-up included) handed the watch its decisions.
+    on_steps = 2 * (40 + 5)
+    assert row["decisions"].get("compact-verify budget") == on_steps, row
+    assert row["decisions"].get("draft DP sync sizes") == (on_steps if draft else None)
     for rd in row["rounds"]:
         assert rd["off_median_us"] >= 200 and rd["on_median_us"] >= 200
         assert rd["added_us"] == rd["on_median_us"] - rd["off_median_us"]
@@ -33,7 +41,7 @@ def test_the_watch_really_drains_in_the_run(monkeypatch):
     a watch that works."""
     real = bw._steps
 
-    def skewed(steps, work_us, channel):
+    def skewed(steps, work_us, channel, **kwargs):
         import torch.distributed as dist
 
         if channel is not None and dist.get_rank() == 1:
@@ -41,7 +49,7 @@ def test_the_watch_really_drains_in_the_run(monkeypatch):
             from sglang_dspark_dp import watch
 
             channel.note(watch.Event("tier", 0, "odd", "odd", ()))
-        return real(steps, work_us, channel)
+        return real(steps, work_us, channel, **kwargs)
 
     monkeypatch.setattr(bw, "_steps", skewed)
     monkeypatch.setenv("SGLANG_DSPARK_DP_WATCH", "log")
