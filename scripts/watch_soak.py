@@ -2,7 +2,9 @@
 
 Runs the compact-verify harness (plain TP, both scenarios: ``drift`` on the
 non-overlap path, ``late`` on the overlap path) for ``--steps`` decode steps
-at each rank count, and the startup harness at each rank count in both
+at each rank count, the DP-attention draft steps (the lockstep harness,
+EP off then on, ``--steps`` each: the draft batch's DP sync sizes and
+graph admission), and the startup harness at each rank count in both
 layouts (plain TP, DP attention with attention TP 1), every rank with the
 plugin's repairs and the watch in ``log`` mode, so an alarm is counted
 rather than ending the rank. Prints one row per run: its ranks, steps,
@@ -24,16 +26,27 @@ import sys
 import time
 
 
-def _row(kind: str, ranks: int, steps: int, result, alarms: list[str]) -> list[str]:
+def _row(
+    kind: str,
+    ranks: int,
+    steps: int,
+    result,
+    alarms: list[str],
+    *,
+    agree: bool | None = None,
+    complete: bool | None = None,
+) -> list[str]:
+    if agree is None:
+        agree = result.agree
+    if complete is None:
+        complete = getattr(result, "complete", not getattr(result, "hung", False))
     return [
         kind,
         str(ranks),
         str(steps),
         str(len(alarms)),
-        "yes" if result.agree else "no",
-        "yes"
-        if getattr(result, "complete", not getattr(result, "hung", False))
-        else "no",
+        "yes" if agree else "no",
+        "yes" if complete else "no",
         f"{result.seconds:.0f}",
     ]
 
@@ -41,7 +54,7 @@ def _row(kind: str, ranks: int, steps: int, result, alarms: list[str]) -> list[s
 def run(
     ranks: list[int], steps: int, fix: bool = True
 ) -> tuple[list[list[str]], list[str]]:
-    from sglang_dspark_dp.harness import compact_verify, startup
+    from sglang_dspark_dp.harness import compact_verify, lockstep, startup
 
     rows, alarms_all = [], []
     for n in ranks:
@@ -62,6 +75,34 @@ def run(
             alarms_all += alarms
             rows.append(_row(f"compact verify ({scenario})", n, steps, result, alarms))
             print(f"  done: {rows[-1]} in {time.monotonic() - t0:.0f} s", flush=True)
+        t0 = time.monotonic()
+        ep_sizes = (1, n)
+        try:
+            draft = lockstep.run(
+                lockstep.RunConfig(
+                    dp=n, ep_sizes=ep_sizes, steps=steps, fix=fix, watch="log"
+                )
+            )
+        except lockstep.CannotRun as exc:  # a rank died (stock 0.5.16's crash)
+            rows.append(["draft steps, DP attention", str(n), str(steps), "0"])
+            rows[-1] += ["no", "no", f"{time.monotonic() - t0:.0f}"]
+            print(f"  done: {rows[-1]} ({exc})", flush=True)
+        else:
+            alarms = [a for lines in draft.alarms.values() for a in lines]
+            alarms_all += alarms
+            done = sum(draft.steps_done.values()) == steps * len(ep_sizes)
+            rows.append(
+                _row(
+                    "draft steps, DP attention",
+                    n,
+                    steps,
+                    draft,
+                    alarms,
+                    agree=draft.healthy,
+                    complete=done,
+                )
+            )
+            print(f"  done: {rows[-1]}", flush=True)
         for dp in (1, n):
             result = startup.run_startup(
                 startup.StartupConfig(

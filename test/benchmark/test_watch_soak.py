@@ -23,7 +23,10 @@ def test_with_the_plugin_no_alarm_and_stock_alarms(capsys):
     assert soak.main(["--ranks", "2", "--steps", "6"]) == 0
     out = capsys.readouterr().out
     assert "watch_soak: no alarm" in out
-    assert out.count("| 2 |") == 4, out  # both scenarios, both layouts
+    # Both scenarios, the draft steps, both startup layouts.
+    rows = [x.split(" | ") for x in out.splitlines() if x.startswith("| ")]
+    assert [r[1] for r in rows[1:]] == ["2"] * 5, out
+    assert "| draft steps, DP attention | 2 | 6 | 0 | yes | yes |" in out, out
     assert soak.main(["--ranks", "2", "--steps", "6", "--no-fix"]) == 1
     out = capsys.readouterr().out
     assert "watch_soak: FAILED" in out and "alarm: " in out, out
