@@ -70,6 +70,10 @@ SMOKE_TESTS = (
     "test/srt/test_process_state.py",
     "test/srt/test_backport.py",
     "test/srt/test_diverge.py",
+    # The watch's short run (the stock defects named and the plugin silent:
+    # test_diverge's replay with the watch): an input of a watched
+    # decision perturbed on one rank, named with the plugin on.
+    "test/srt/test_watch.py::test_one_rank_seeing_other_sync_sizes_is_named_with_the_plugin_on",
 )
 #: The suite a backport build runs with the plugin off, per upstream change
 #: it carries (``sglang_dspark_dp.upstream``).
