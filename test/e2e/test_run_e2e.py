@@ -38,6 +38,20 @@ def _run(
     )
 
 
+#: A part that must not wait for a port or a server: a second each.
+QUICK = {"E2E_PORT_WAIT": "1", "E2E_HEALTH_TIMEOUT": "5"}
+
+
+def _parts(out, port: int, *parts: str, python: str, doctor: bool = True):
+    """run_e2e.sh for ``parts`` into ``out`` on ``port``, quickly (:data:`QUICK`)."""
+    args = ["--out", str(out), "--port", str(port)]
+    for part in parts:
+        args += ["--only", part]
+    if not doctor:
+        args.append("--no-doctor")
+    return _run(*args, python=python, env=QUICK)
+
+
 @pytest.mark.parametrize(
     "args, field, value",
     [
@@ -86,15 +100,8 @@ def test_a_server_left_by_a_cut_call_is_stopped_before_the_port_check(tmp_path):
     stranger.listen()
     port = stranger.getsockname()[1]
     try:
-        done = _run(
-            "--out",
-            str(out),
-            "--only",
-            "warmup",
-            "--port",
-            str(port),
-            python=_python_with_a_doctor_that_logs(tmp_path),
-            env={"E2E_PORT_WAIT": "1", "E2E_HEALTH_TIMEOUT": "5"},
+        done = _parts(
+            out, port, "warmup", python=_python_with_a_doctor_that_logs(tmp_path)
         )
         deadline = time.monotonic() + 10
         while stale.poll() is None and time.monotonic() < deadline:
@@ -145,16 +152,12 @@ def test_a_port_in_time_wait_is_not_refused(tmp_path, time_wait_port):
     and so does the check now: the part starts its server."""
     out = tmp_path / "e2e"
     port = time_wait_port()
-    done = _run(
-        "--out",
-        str(out),
-        "--only",
+    done = _parts(
+        out,
+        port,
         "warmup",
-        "--port",
-        str(port),
-        "--no-doctor",
         python=_python_with_a_stand_in_server(tmp_path),
-        env={"E2E_PORT_WAIT": "1", "E2E_HEALTH_TIMEOUT": "5"},
+        doctor=False,
     )
     assert f"run_e2e.sh: [ok] port: port {port}: free but closing (TIME_WAIT)" in (
         done.stderr
@@ -178,18 +181,13 @@ def test_the_plugin_server_runs_with_the_watch_on(tmp_path, time_wait_port):
     switch set, so the plugin's watch runs on every multi-GPU e2e; the
     plugin-off server does not."""
     out = tmp_path / "e2e"
-    done = _run(
-        "--out",
-        str(out),
-        "--only",
+    done = _parts(
+        out,
+        time_wait_port(),
         "dspark",
-        "--only",
         "noplugin",
-        "--port",
-        str(time_wait_port()),
-        "--no-doctor",
         python=_python_with_a_stand_in_server(tmp_path),
-        env={"E2E_PORT_WAIT": "1", "E2E_HEALTH_TIMEOUT": "5"},
+        doctor=False,
     )
     assert "stand-in server: started" in (out / "server_dspark.log").read_text()
     on = (out / "server_dspark.log").read_text()
