@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sglang_dspark_dp import watch_sites
 from sglang_dspark_dp.cli import common
 from sglang_dspark_dp.cli.common import EXIT_CANNOT, EXIT_FAIL, EXIT_OK
 
@@ -145,12 +146,18 @@ def _startup_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
 #: The watch's mode in the simulated worlds: ``log``, so every rank reports
 #: what it said and the run goes on to show what the harness sees.
 _WATCH_MODE = "log"
-_CAPTURE = "the draft CUDA-graph capture decision"
-#: The startup decisions a group parts on (the capture decision first; the
-#: folded-sampling decision where the ranks captured alike).
-_STARTUP = (_CAPTURE, "the folded-sampling decision")
-_DRAFT = ("the draft DP sync sizes decision", "the draft graph admission decision")
-_VERIFY = ("compact-verify budget", "verify_lens broadcast entry", "verify graph tier")
+#: How the watch's line names each decision (its sites' names, in
+#: ``watch_sites``): the startup ones (capture first; folded sampling where
+#: the ranks captured alike), the compact-verify ones, the draft batch's.
+_STARTUP = tuple(f"the {d} decision" for d in (watch_sites.CAPTURE, watch_sites.FOLDED))
+_VERIFY = (
+    watch_sites.VERIFY_BUDGET,
+    watch_sites.VERIFY_BROADCAST,
+    watch_sites.VERIFY_TIER,
+)
+_DRAFT = tuple(
+    f"the {d} decision" for d in (watch_sites.DRAFT_SIZES, watch_sites.DRAFT_ADMISSION)
+)
 
 
 def startup_watch(result) -> tuple[bool, list[str]]:
