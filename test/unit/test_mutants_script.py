@@ -179,3 +179,16 @@ def test_a_scratch_copy_copies_itself_again(mutants, tmp_path, monkeypatch):
     mutants.copy_checkout(dest)
     got = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     assert got == ["README.md", "python/pkg/mod.py"], got
+
+
+def test_every_mutant_still_finds_its_text_once(mutants):
+    """A change to the code a mutant rewrites must carry the mutant along:
+    its ``find`` text occurs exactly once in its file, or the mutant is an
+    ERROR in the next run instead of a verdict (verify's OK exit moved
+    under the watch's verdict once, and its mutant did not follow)."""
+    stale = [
+        m["id"]
+        for m in mutants.load()
+        if (ROOT / m["file"]).read_text().count(m["find"]) != 1
+    ]
+    assert stale == []
