@@ -16,7 +16,10 @@ the same calls the verify site makes (``next_step``, three ``Event``s,
 three ``note``s) on the watch's real channel; with ``--draft``, also the
 draft-batch site's of a DP-attention step (``next_step``, the DP sync
 sizes of every rank and the graph admission: two more ``Event``s and
-``note``s). Off and on alternate for
+``note``s); with ``--entry``, also the worker-entry site's real hook
+(``sglang_dspark_dp.watch_sites``, built on the installed
+``DSparkWorkerV2``) around a stand-in step body, which off is called
+directly. Off and on alternate for
 ``--rounds`` rounds; each round times ``--steps`` steps. The channel is
 made once per run, as a server makes one per group, so its thread idles
 through the off rounds (a wake-up every 10 ms). Per rank count:
@@ -70,8 +73,46 @@ def _work(us: float) -> None:
         n += 1
 
 
+class _Runner:
+    def __init__(self, group: _Group) -> None:
+        self.tp_group = group
+
+
+class _Worker:
+    """What the worker-entry hook reads of a DSpark worker: its draft
+    runner's group and the step bodies it marks."""
+
+    _hosts_draft = True
+
+    def __init__(self, group: _Group) -> None:
+        self.draft_model_runner = _Runner(group)
+
+    def _forward_decode(self, batch: Any) -> Any:
+        return batch
+
+    def _forward_prefill(self, batch: Any) -> Any:
+        return batch
+
+
+def _entry_call(worker: _Worker, batch: Any) -> Any:
+    return worker._forward_decode(batch)
+
+
+def entry_hook() -> Any:
+    """The worker-entry site's AROUND hook, as the watch builds it here."""
+    from sglang_dspark_dp import watch_sites
+
+    (site,) = [s for s in watch_sites.SITES if s.name == "worker-entry"]
+    return site.build()[3]
+
+
 def _steps(
-    steps: int, work_us: float, channel: Any, *, draft: bool = False
+    steps: int,
+    work_us: float,
+    channel: Any,
+    *,
+    draft: bool = False,
+    entry: tuple[Any, _Worker] | None = None,
 ) -> list[float]:
     from sglang_dspark_dp import watch
 
@@ -80,6 +121,12 @@ def _steps(
     for i in range(steps):
         t0 = time.perf_counter_ns()
         _work(work_us)
+        if entry is not None:
+            hook, worker = entry
+            if channel is not None:
+                hook(_entry_call, worker, i)
+            else:
+                _entry_call(worker, i)
         if channel is not None:
             step = channel.next_step("compact-verify budget")
             changes = ("verify-budget-broadcast",)
@@ -90,8 +137,13 @@ def _steps(
                 dstep = channel.next_step("draft DP sync sizes")
                 raw = tuple(4 + (i + r) % 5 for r in range(world))
                 scaled = tuple(4 * n for n in raw)
-                shown = f"sizes={list(scaled)} for logprobs={list(scaled)}"
-                shown += f" (per-rank counts {list(raw)})"
+
+                def shown(scaled=scaled, raw=raw) -> str:  # lazy, as the site's
+                    return (
+                        f"sizes={list(scaled)} for logprobs={list(scaled)}"
+                        f" (per-rank counts {list(raw)})"
+                    )
+
                 key = (scaled, scaled, raw)
                 dp = ("dp-draft-metadata",)
                 channel.note(watch.Event("sizes", dstep, key, shown, dp))
@@ -113,15 +165,15 @@ def _rank_run(rank: int, world: int, port: int, args: dict) -> dict[str, Any]:
     channel = watch.channel(group)
     if channel is None:
         raise RuntimeError("the watch made no channel for this group")
+    entry = (entry_hook(), _Worker(group)) if args["entry"] else None
     for _ in range(args["rounds"]):
         row: dict[str, list[float]] = {}
         for variant in ("off", "on"):
             used = channel if variant == "on" else None
-            _steps(args["warmup"], args["work_us"], used, draft=args["draft"])
+            kw = {"draft": args["draft"], "entry": entry}
+            _steps(args["warmup"], args["work_us"], used, **kw)
             dist.barrier(group=pg)
-            row[variant] = _steps(
-                args["steps"], args["work_us"], used, draft=args["draft"]
-            )
+            row[variant] = _steps(args["steps"], args["work_us"], used, **kw)
             dist.barrier(group=pg)
         rounds.append(row)
     alarms = watch.shutdown()
@@ -143,6 +195,7 @@ def run_world(world: int, args: argparse.Namespace) -> dict[str, Any]:
         "work_us": args.work_us,
         "timeout": args.timeout,
         "draft": args.draft,
+        "entry": args.entry,
     }
     reports = common.run_ranks(_rank_run, world, shared, args.timeout)
     alarms = [a for r in reports.values() for a in r["alarms"]]
@@ -211,6 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also the draft-batch site's calls (a DP-attention decode step)",
     )
+    p.add_argument(
+        "--entry",
+        action="store_true",
+        help="also the worker-entry site's real hook (needs SGLang with DSpark)",
+    )
     p.add_argument("--out", default=None, help="write the JSON here")
     return p
 
@@ -236,9 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "steps": args.steps,
         "work_us": args.work_us,
-        "sites": ["compact-verify", "draft-batch"]
-        if args.draft
-        else ["compact-verify"],
+        "sites": ["compact-verify"]
+        + (["draft-batch"] if args.draft else [])
+        + (["worker-entry"] if args.entry else []),
         "rows": rows,
     }
     print(render_table(rows))

@@ -87,21 +87,27 @@ class Decision:
 
 class Event(NamedTuple):
     """One decision one rank took: compared by ``(decision, step, key)``;
-    ``shown`` is what the line prints of it; ``changes`` the upstream
-    changes (:mod:`sglang_dspark_dp.upstream` keys) it belongs to. A tuple:
-    the scheduler thread builds several per step."""
+    ``shown`` is what the line prints of it (or what makes that text, when
+    a line needs it: a per-step site formats nothing on the scheduler
+    thread); ``changes`` the upstream changes
+    (:mod:`sglang_dspark_dp.upstream` keys) it belongs to. A tuple: the
+    scheduler thread builds several per step."""
 
     decision: str
     step: Any
     key: Any
-    shown: str
+    shown: str | Callable[[], str]
     changes: tuple[str, ...]
 
     def compared(self) -> tuple[Any, Any, Any]:
         return (self.decision, self.step, self.key)
 
     def text(self) -> str:
-        return self.shown
+        return self.shown() if callable(self.shown) else self.shown
+
+    def with_text(self) -> Event:
+        """The event with its text made (what a gather can send)."""
+        return Event(self.decision, self.step, self.key, self.text(), self.changes)
 
 
 class Channel:
@@ -238,7 +244,10 @@ class Channel:
         import torch.distributed as dist
 
         gathered: list[Any] = [None] * len(self.ranks)
-        dist.all_gather_object(gathered, events, group=self.pg)
+        # The texts are made here, off the scheduler thread (and a text
+        # made by a function would not pickle).
+        shown = [event.with_text() for event in events]
+        dist.all_gather_object(gathered, shown, group=self.pg)
         # Per step (of one site: the same changes), its first divergence
         # only, across drains: the later ones of that step follow from it
         # (the tier from the budget; no folded-sampling decision where

@@ -27,6 +27,15 @@ Each site is hooked outside the repairs' hooks on the same method
   the raw per-rank counts) and its CUDA-graph admission. The graph size and
   the padded token count are SGLang's functions of these two on every rank.
   They belong to #33098 (``dp-draft-metadata``). Only enqueued.
+* ``worker-entry``: ``DSparkWorkerV2.forward_batch_generation``, every step
+  (prefill, decode, idle), over the draft runner's TP group: whether the
+  scheduler's call reached the worker's body (noted as it enters the body,
+  before any collective there, or when the call is refused), with the
+  keyword arguments the scheduler passed. A rank whose call was refused
+  (#39262's ``TypeError`` with the overlap schedule off, where the
+  ``non-overlap-pp-proxy`` repair did not apply on that rank alone) is
+  named beside its peers that went on into the step's collectives. Only
+  enqueued.
 
 :func:`instrument` hooks every site whose SGLang module is imported (the
 registry's arming calls it with the repairs of the same module, before it
@@ -60,6 +69,7 @@ VERIFY_BROADCAST = "verify_lens broadcast entry"
 VERIFY_TIER = "verify graph tier"
 DRAFT_SIZES = "draft DP sync sizes"
 DRAFT_ADMISSION = "draft graph admission"
+ENTRY = "worker step entry"
 #: When the startup decision is taken.
 STARTUP = "startup"
 
@@ -73,7 +83,19 @@ class Site:
     module: str
     build: Callable[[], tuple[str, type, str, Any]]
     decisions: tuple[str, ...] = ()
+    #: A decision only some builds take, and what says whether this one does.
+    taken_where: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)
     hooked: tuple[str, type, str, Any, Any] | None = None  # ... and the stock
+
+    def decisions_here(self) -> list[str]:
+        """Its decisions this build takes."""
+        return [d for d in self.decisions if self.taken_where.get(d, lambda: True)()]
+
+
+def _folded_taken() -> bool:
+    from sglang_dspark_dp import adapter
+
+    return adapter.folded_site() is not None
 
 
 # --------------------------------------------------------------------------
@@ -274,8 +296,14 @@ def _draft() -> tuple[str, type, str, Any]:
             if names.unscaled is None
             else listed(getattr(forward_batch, names.unscaled, None))
         )
-        shown = f"sizes={list(scaled or ())} for logprobs={list(logprob or ())}"
-        shown += f" (per-rank counts {list(raw) if raw is not None else None})"
+
+        def shown() -> str:
+            counts = list(raw) if raw is not None else None
+            return (
+                f"sizes={list(scaled or ())} for logprobs={list(logprob or ())}"
+                f" (per-rank counts {counts})"
+            )
+
         ch.note(watch.Event(DRAFT_SIZES, step, (scaled, logprob, raw), shown, changes))
         graph = bool(getattr(forward_batch, names.dp_graph_ok, False))
         ch.note(
@@ -292,8 +320,88 @@ def _draft() -> tuple[str, type, str, Any]:
     return adapter.TARGET, api.proposer_cls, adapter.FILL, watch_draft_decisions
 
 
+# --------------------------------------------------------------------------
+# The worker's step entry: the scheduler's call reaching its body.
+# --------------------------------------------------------------------------
+
+
+def _entry() -> tuple[str, type, str, Any]:
+    from sglang_dspark_dp import adapter
+    from sglang_dspark_dp.adapter import worker as sg_worker
+    from sglang_dspark_dp.outcome import DidNotEnable
+
+    _, cls = adapter.load_worker()
+    if not callable(cls.__dict__.get(sg_worker.FORWARD)):
+        raise DidNotEnable(f"this build's {cls.__name__} has no {sg_worker.FORWARD}")
+    bodies = tuple(name for name in sg_worker.STEP_BODIES if hasattr(cls, name))
+    changes = ("non-overlap-pp-proxy",)
+    found: dict[int, Any] = {}
+
+    def channel_of(worker: Any) -> Any:
+        key = id(worker)
+        if key not in found:
+            group = sg_worker.step_group(worker)
+            found[key] = None if group is None else watch.channel(group)
+        return found[key]
+
+    def watch_worker_entry(original: Any, worker: Any, *args: Any, **kwargs: Any):
+        if not adapter.hosts_draft(worker):
+            return original(worker, *args, **kwargs)
+        ch = channel_of(worker)
+        if ch is None:
+            return original(worker, *args, **kwargs)
+        step = ch.next_step(ENTRY)
+        passed = tuple(sorted(kwargs))
+        reached: list[bool] = []
+
+        def note(ok: bool, how: str) -> None:
+            reached.append(ok)
+            ch.note(
+                watch.Event(
+                    ENTRY,
+                    step,
+                    (passed, ok),
+                    lambda: f"{how} (keywords passed: {list(passed) or 'none'})",
+                    changes,
+                )
+            )
+
+        def reaching(body: Any) -> Any:
+            def into_the_body(*a: Any, **k: Any) -> Any:
+                if not reached:
+                    note(True, "reached the worker's body")
+                return body(*a, **k)
+
+            return into_the_body
+
+        swaps = []
+        for name in bodies:
+            try:
+                swaps.append((worker, name, reaching(getattr(worker, name))))
+            except Exception:  # an instance without it never runs it
+                continue
+        try:
+            with adapter.AttrSwap(*swaps):
+                result = original(worker, *args, **kwargs)
+        except Exception as exc:
+            if not reached:
+                note(False, f"refused at the call: {type(exc).__name__}: {exc}")
+            raise
+        if not reached:
+            note(False, "returned without reaching the worker's body")
+        return result
+
+    return sg_worker.FORWARD_TARGET, cls, sg_worker.FORWARD, watch_worker_entry
+
+
 SITES: tuple[Site, ...] = (
-    Site("startup", WORKER_MODULE, _startup, (CAPTURE, FOLDED)),
+    Site(
+        "startup",
+        WORKER_MODULE,
+        _startup,
+        (CAPTURE, FOLDED),
+        {FOLDED: _folded_taken},
+    ),
     Site(
         "compact-verify",
         PLANNER_MODULE,
@@ -301,6 +409,7 @@ SITES: tuple[Site, ...] = (
         (VERIFY_BUDGET, VERIFY_BROADCAST, VERIFY_TIER),
     ),
     Site("draft-batch", DRAFT_MODULE, _draft, (DRAFT_SIZES, DRAFT_ADMISSION)),
+    Site("worker-entry", WORKER_MODULE, _entry, (ENTRY,)),
 )
 
 
@@ -353,16 +462,18 @@ def survey() -> list[dict[str, Any]]:
     out = []
     for site in SITES:
         reason = None
-        if site.hooked is None:
-            try:
+        decisions = list(site.decisions)
+        try:
+            if site.hooked is None:
                 importlib.import_module(site.module)
                 site.build()
-            except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}"
+            decisions = site.decisions_here()
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
         out.append(
             {
                 "site": site.name,
-                "decisions": list(site.decisions),
+                "decisions": decisions,
                 "watchable": reason is None,
                 "hooked": site.hooked is not None,
                 "reason": reason,

@@ -11,14 +11,17 @@ import pytest
 from sglang_dspark_dp_bench.draft_metadata import bench_watch as bw
 
 
-@pytest.mark.parametrize("draft", [False, True])
-def test_a_short_run_measures_both_variants_per_round(tmp_path, capsys, draft):
+@pytest.mark.parametrize("draft, entry", [(False, False), (True, True)])
+def test_a_short_run_measures_both_variants_per_round(tmp_path, capsys, draft, entry):
     out = tmp_path / "watch.json"
     argv = ["--ranks", "2", "--rounds", "2", "--steps", "40", "--warmup", "5"]
     argv += ["--draft"] if draft else []
+    argv += ["--entry"] if entry else []
     assert bw.main([*argv, "--work-us", "200", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    want = ["compact-verify", "draft-batch"] if draft else ["compact-verify"]
+    want = ["compact-verify"]
+    want += ["draft-batch"] if draft else []
+    want += ["worker-entry"] if entry else []
     assert result["sites"] == want
     (row,) = result["rows"]
     assert row["ranks"] == 2 and len(row["rounds"]) == 2
@@ -26,6 +29,8 @@ def test_a_short_run_measures_both_variants_per_round(tmp_path, capsys, draft):
     on_steps = 2 * (40 + 5)
     assert row["decisions"].get("compact-verify budget") == on_steps, row
     assert row["decisions"].get("draft DP sync sizes") == (on_steps if draft else None)
+    # The real entry hook ran on the same channel, every 'on' step.
+    assert row["decisions"].get("worker step entry") == (on_steps if entry else None)
     for rd in row["rounds"]:
         assert rd["off_median_us"] >= 200 and rd["on_median_us"] >= 200
         assert rd["added_us"] == rd["on_median_us"] - rd["off_median_us"]

@@ -4,7 +4,7 @@ interpreter, with its exit codes and its one-line errors."""
 from __future__ import annotations
 
 import pytest
-from known_releases import backport_fixes, known
+from known_releases import FOLDED, backport_fixes, known
 from srt_helpers import CLI, SHORT_VERIFY, cli, run_python
 
 
@@ -71,7 +71,7 @@ def test_cli_repro_shows_stock_and_the_repair_side_by_side(plugin, sglang_versio
         assert "stock: ok; with the plugin: ok" in proc.stdout
 
 
-def test_cli_doctor_json(plugin):
+def test_cli_doctor_json(plugin, sglang_version):
     import json
 
     proc = cli(["doctor", "--json"])
@@ -95,12 +95,17 @@ def test_cli_doctor_json(plugin):
     assert watched["guard"] is True
     assert watched["watch"]["on"] is True and watched["watch"]["mode"] == "log"
     sites = {s["site"]: s for s in watched["watch"]["sites"]}
-    # Every release's worker takes the startup capture decision.
+    # Every release's worker takes the startup capture decision; the
+    # folded-sampling one only where its draft sampler decides it.
     assert sites["startup"]["watchable"] is True, sites
+    folded = known(sglang_version) and FOLDED[sglang_version]
     assert sites["startup"]["decisions"] == [
         "draft CUDA-graph capture",
-        "folded-sampling",
+        *(["folded-sampling"] if folded else []),
     ]
+    entry = sites["worker-entry"]
+    assert entry["watchable"] is True, entry
+    assert entry["decisions"] == ["worker step entry"]
     verify = sites["compact-verify"]
     assert verify["decisions"] and (verify["watchable"] or verify["reason"]), verify
     draft = sites["draft-batch"]

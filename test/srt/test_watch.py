@@ -22,8 +22,9 @@ from srt_helpers import no_children_left
 
 from sglang_dspark_dp import adapter, registry, settings, watch, watch_sites
 from sglang_dspark_dp.adapter import planner as sg_planner
+from sglang_dspark_dp.adapter import worker as sg_worker
 from sglang_dspark_dp.drivers import DRAFT_WIDTH
-from sglang_dspark_dp.harness import compact_verify, lockstep, startup
+from sglang_dspark_dp.harness import compact_verify, entry, lockstep, startup
 
 HANG_S = 3.0
 PART = "part ways on"
@@ -94,8 +95,19 @@ def test_on_the_arming_hooks_each_site_outside_the_repairs(watch_env):
     watch_sites.load_site_modules()
     arming = registry._Arming(lambda statuses: None)
     arming.settle()
-    assert watch_sites.hooked() == ["startup", "compact-verify", "draft-batch"]
-    for target in (adapter.STARTUP_TARGET, sg_planner.LAYOUT_TARGET, adapter.TARGET):
+    assert watch_sites.hooked() == [
+        "startup",
+        "compact-verify",
+        "draft-batch",
+        "worker-entry",
+    ]
+    targets = (
+        adapter.STARTUP_TARGET,
+        sg_planner.LAYOUT_TARGET,
+        adapter.TARGET,
+        sg_worker.FORWARD_TARGET,
+    )
+    for target in targets:
         hooks = adapter.hooks_on(target)
         assert watch_hooks(target), f"no watch hook on {target}"
         # Registered last: the outermost wrapper, it sees the repaired call.
@@ -111,6 +123,7 @@ def test_on_the_arming_hooks_each_site_outside_the_repairs(watch_env):
     assert watch_hooks(adapter.STARTUP_TARGET) == []
     assert watch_hooks(sg_planner.LAYOUT_TARGET) == []
     assert watch_hooks(adapter.TARGET) == []
+    assert watch_hooks(sg_worker.FORWARD_TARGET) == []
 
 
 def test_an_unknown_mode_is_one_line_and_the_default_stays(watch_env, caplog):
@@ -455,6 +468,80 @@ def test_one_rank_seeing_other_sync_sizes_is_named_with_the_plugin_on(monkeypatc
         width = int(sizes[2][0]) - int(sizes[0][0])
         assert width > 0, first
     assert width == DRAFT_WIDTH  # one request more: one draft block wider
+
+
+# --------------------------------------------------------------------------
+# The worker's step entry: the scheduler's non-overlap call reaching it.
+# --------------------------------------------------------------------------
+
+
+def run_entry(**kwargs) -> entry.EntryResult:
+    result = entry.run_entry(entry.EntryConfig(hang_s=HANG_S, **kwargs))
+    assert no_children_left()
+    return result
+
+
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("unrepaired", (4,), "unrepaired must name ranks 0-3, got [4]"),
+        ("decode_steps", -1, "decode_steps must be a non-negative integer, got -1"),
+        ("watch", "loud", "watch must be None, 'log' or 'exit', got 'loud'"),
+        ("groups", 5, "groups must be an integer between 1 and 4"),
+    ],
+)
+def test_an_entry_run_names_the_field_it_cannot_take(field, value, says):
+    with pytest.raises(entry.CannotRun) as err:
+        entry.run_entry(entry.EntryConfig(**{field: value}))
+    assert says in str(err.value)
+
+
+def test_with_the_plugin_every_step_entry_is_watched_and_silent():
+    """Two TP groups (the second at ranks 2-3), a prefill and three decode
+    steps through the installed ``Scheduler.run_batch`` with the overlap
+    schedule off: every step reaches the worker's body on every rank, each
+    rank's watch compared its four entries over its own group, no alarm."""
+    result = run_entry(fix=True)
+    assert result.errors() == {}
+    for rank, report in result.reports.items():
+        assert [s["reached"] for s in report["steps"]] == [
+            "prefill",
+            *["decode"] * 3,
+        ], (rank, report["steps"])
+        mine = "0,1" if rank < 2 else "2,3"
+        assert report["watched"][mine] == 4, (rank, report["watched"])
+    assert result.alarms() == []
+
+
+def test_a_rank_whose_call_is_refused_is_named_beside_the_peers_that_went_on(
+    sglang_version,
+):
+    """Where the scheduler's non-overlap call passes ``pp_proxy_tensors``
+    and the worker does not take it (#39262), the repair applied on every
+    rank but world rank 3: ranks 2 and 3 name the worker step entry at step
+    0, rank 2 reaching the body and rank 3 refused with the server's
+    ``TypeError``, and #39262; ranks 0-1 are silent. Stock on every rank,
+    every rank is refused alike: no line (the crash names itself)."""
+    from sglang_dspark_dp.srt.managers import scheduler as entry_repair
+
+    result = entry_repair.probe()
+    if result.reaches:
+        pytest.skip(f"sglang {sglang_version}: the non-overlap call reaches the worker")
+    split = run_entry(fix=True, unrepaired=(3,), decode_steps=1)
+    lines = split.alarms()
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert "ranks [2, 3] part ways on the worker step entry decision" in line
+        assert "at step 0:" in line, line
+        assert "rank 2: reached the worker's body" in line, line
+        assert "rank 3: refused at the call: TypeError" in line, line
+        assert "pp_proxy_tensors" in line, line
+        assert "#39262 non-overlap-pp-proxy" in line, line
+    assert [r["alarms"] for r in (split.reports[0], split.reports[1])] == [[], []]
+    alike = run_entry(fix=False, decode_steps=1)
+    assert alike.alarms() == []
+    for report in alike.reports.values():
+        assert all(s["error"].startswith("TypeError") for s in report["steps"])
 
 
 # --------------------------------------------------------------------------

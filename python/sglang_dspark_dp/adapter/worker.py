@@ -33,6 +33,14 @@ FORWARD = "forward_batch_generation"
 FORWARD_TARGET = f"{WORKER_MODULE}.{WORKER}.{FORWARD}"
 #: What ``forward_batch_generation`` hands a prefill and a decode step to.
 STEP_METHODS = {"prefill": "_forward_prefill", "decode": "_forward_decode"}
+#: Every worker method ``forward_batch_generation`` hands a step's body to
+#: (the DP prefill coordination exists on later releases only): the step
+#: has reached the worker once one of them runs.
+STEP_BODIES = (*STEP_METHODS.values(), "_forward_dp_spec_prefill_coordination")
+#: Where the worker keeps the group its per-step decisions are taken over:
+#: the draft model runner's TP group (the whole DP-attention world, or the
+#: TP group under plain TP).
+STEP_GROUP_SOURCE = "draft_model_runner.tp_group"
 #: Its other collaborators, which a stand-in answers with no-ops.
 STEP_COLLABORATORS = ("_verify_planner", "_observers")
 #: Its switches a plain step (no DP attention) has off.
@@ -50,7 +58,7 @@ CAPTURE_GROUP_ATTR = "_draft_graph_group"
 #: order they are tried: the worker's own name for it, then the draft model
 #: runner's TP group (the group ``FullCudaGraphBackend`` takes its capture
 #: barriers on).
-CAPTURE_GROUP_SOURCES = (CAPTURE_GROUP_ATTR, "draft_model_runner.tp_group")
+CAPTURE_GROUP_SOURCES = (CAPTURE_GROUP_ATTR, STEP_GROUP_SOURCE)
 #: The worker's draft-sampler builder (``init_cuda_graphs`` calls it; later
 #: releases pass it the startup memory reading).
 DRAFT_SAMPLER_BUILDER = "_maybe_build_draft_sampler"
@@ -185,19 +193,33 @@ def capture_group(worker: Any) -> tuple[Any, str] | None:
     and, with more than one rank, a ``cpu_group`` (as SGLang's
     ``GroupCoordinator`` has): a ``cpu_group`` of None would make the
     reduction run over the default group instead."""
-    state = vars(worker)
     for where in CAPTURE_GROUP_SOURCES:
-        owner_name, _, attr = where.rpartition(".")
-        if owner_name:
-            owner = state.get(owner_name)
-            group = None if owner is None else getattr(owner, attr, None)
-        else:
-            group = state.get(where)
-        size = getattr(group, "world_size", None)
-        if not isinstance(size, int):
-            continue
-        if size <= 1 or getattr(group, "cpu_group", None) is not None:
+        group = _group_at(worker, where)
+        if group is not None:
             return group, where
+    return None
+
+
+def step_group(worker: Any) -> Any:
+    """The group the worker's per-step decisions are taken over
+    (:data:`STEP_GROUP_SOURCE`, read as :func:`capture_group` reads), or
+    None."""
+    return _group_at(worker, STEP_GROUP_SOURCE)
+
+
+def _group_at(worker: Any, where: str) -> Any:
+    state = vars(worker)
+    owner_name, _, attr = where.rpartition(".")
+    if owner_name:
+        owner = state.get(owner_name)
+        group = None if owner is None else getattr(owner, attr, None)
+    else:
+        group = state.get(where)
+    size = getattr(group, "world_size", None)
+    if not isinstance(size, int):
+        return None
+    if size <= 1 or getattr(group, "cpu_group", None) is not None:
+        return group
     return None
 
 

@@ -155,15 +155,17 @@ def non_overlap_step(
     worker_cls: type,
     *,
     prefill: bool,
+    worker: StandInWorker | None = None,
 ) -> StepOutcome:
     """Run ``Scheduler.run_batch`` once, overlap off, on stand-ins (one
-    rank, one pipeline stage, through ``get_parallel().override``); raises
+    rank, one pipeline stage, through ``get_parallel().override``; a fresh
+    :class:`StandInWorker` unless ``worker`` is given); raises
     :class:`CannotDrive` when the installed code reads what is not there."""
     from sglang_dspark_dp.adapter.parallel import parallel_override
     from sglang_dspark_dp.adapter.scheduler import RUN_BATCH
 
     step = "prefill" if prefill else "decode"
-    scheduler = StandInScheduler(worker_cls, StandInWorker())
+    scheduler = StandInScheduler(worker_cls, worker or StandInWorker())
     batch = step_batch(api.forward_mode, api.spec_algorithm.DSPARK, prefill=prefill)
     run_batch = getattr(scheduler_cls, RUN_BATCH)
     try:
