@@ -184,3 +184,64 @@ def join_gloo(rank: int, world: int, port: int, timeout_s: float) -> Any:
         timeout=timeout,
     )
     return dist.new_group(list(range(world)), timeout=timeout)
+
+
+# --------------------------------------------------------------------------
+# The consensus watch's per-step calls (bench_watch, bench_overlap's watch).
+# --------------------------------------------------------------------------
+
+
+class WatchGroup:
+    """What the watch reads of a group coordinator: its CPU process group
+    and its size."""
+
+    def __init__(self, pg: Any, world: int) -> None:
+        self.cpu_group = pg
+        self.world_size = world
+
+
+class _Runner:
+    def __init__(self, group: WatchGroup) -> None:
+        self.tp_group = group
+
+
+class EntryWorker:
+    """What the worker-entry site's hook reads of a DSpark worker: its
+    draft runner's group and the step bodies it marks as reached."""
+
+    _hosts_draft = True
+
+    def __init__(self, group: WatchGroup) -> None:
+        self.draft_model_runner = _Runner(group)
+
+    def _forward_decode(self, batch: Any) -> Any:
+        return batch
+
+    def _forward_prefill(self, batch: Any) -> Any:
+        return batch
+
+
+def entry_body(worker: EntryWorker, batch: Any) -> Any:
+    """A decode step's call as the hook hands it on: into the body."""
+    return worker._forward_decode(batch)
+
+
+def site_hook(name: str) -> Any:
+    """The AROUND hook the watch builds for its site ``name`` on the
+    installed SGLang (``sglang_dspark_dp.watch_sites``)."""
+    from sglang_dspark_dp import watch_sites
+
+    (site,) = [s for s in watch_sites.SITES if s.name == name]
+    return site.build()[3]
+
+
+def note_verify_step(channel: Any, i: int) -> None:
+    """The compact-verify site's calls of one decode step (its planner is
+    not run here): the step, then its budget, broadcast entry and tier."""
+    from sglang_dspark_dp import watch
+
+    step = channel.next_step("compact-verify budget")
+    changes = ("verify-budget-broadcast",)
+    channel.note(watch.Event("budget", step, 64, "budget=64", changes))
+    channel.note(watch.Event("entry", step, True, "entered", changes))
+    channel.note(watch.Event("tier", step, 48 + i % 3, "tier", changes))

@@ -85,7 +85,11 @@ start of the first timed step to the start of the step after the last.
 Modes: ``stock`` (the installed release's own fill), ``plugin`` (the fill
 with this plugin's draft-batch repair instrumented; on a release where the
 repair is not needed it is the stock fill, and the table says so), ``none``
-(no fill: the floor).
+(no fill: the floor); asked for with ``--modes``, ``watch`` (the plugin's
+fill with the consensus watch on: its real worker-entry and draft-batch
+hooks and the compact-verify site's calls on a channel whose other rank is
+a CPU process forked before CUDA starts and making the same calls; see
+:func:`watched`).
 
 Which cells reflect a DSpark + DP-attention deployment
 ------------------------------------------------------
@@ -120,6 +124,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -144,7 +149,12 @@ HOST_PARTS = (
     "finish",
     "result",
 )
-MODES = ("stock", "plugin", "none")
+MODES = ("stock", "plugin", "none", "watch")
+#: What runs unless ``--modes`` says otherwise (``watch`` is asked for).
+DEFAULT_MODES = ("stock", "plugin", "none")
+#: Target (issue 36): the plugin's loop with the watch on within this
+#: fraction of the plugin's loop without it, in the deployment-like cells.
+WATCH_VS_PLUGIN_TOLERANCE = 0.01
 DEFAULT_GPU_MS = (2.0, 5.0, 10.0, 20.0)
 DEFAULT_HOST_MS = (0.05, 0.3, 1.0, 3.0)
 #: Cells marked as deployment-like (see the module docstring).
@@ -280,6 +290,7 @@ def summarize_cell(cell: dict[str, Any]) -> dict[str, Any]:
     cell["stock_over_plugin"] = ratio("stock", "plugin")
     cell["plugin_over_none"] = ratio("plugin", "none")
     cell["stock_over_none"] = ratio("stock", "none")
+    cell["watch_over_plugin"] = ratio("watch", "plugin")
     return cell
 
 
@@ -300,6 +311,22 @@ def evaluate_targets(release: dict[str, Any]) -> list[dict[str, Any]]:
         vals = [v for v in values if v is not None]
         return [min(vals), max(vals)] if vals else None
 
+    watch = [c.get("watch_over_plugin") for c in cells if c["plan"]["deployment"]]
+    watched = [w for w in watch if w is not None]
+    watch_target = {
+        "target": "watch on within 1% of the plugin's steps/s in the "
+        "deployment-like cells",
+        "values": watch,
+        "worst": min(watched, default=None),
+        "worst_of": "watch/plugin",
+        "verdict": "n/a"
+        if not watched
+        else (
+            "met"
+            if all(w >= 1 - WATCH_VS_PLUGIN_TOLERANCE for w in watched)
+            else "NOT met"
+        ),
+    }
     return [
         {
             "target": "plugin within 1% of the no-fill loop in every cell",
@@ -314,6 +341,7 @@ def evaluate_targets(release: dict[str, Any]) -> list[dict[str, Any]]:
             "deployment_cells": span(dep),
             "verdict": "reported",
         },
+        *([watch_target] if watched else []),
     ]
 
 
@@ -333,8 +361,12 @@ def render_table(release: dict[str, Any]) -> str:
         "plugin/stock",
         "plugin/no-fill",
     ]
+    cells = release.get("cells") or []
+    watched = any("watch" in (c.get("steps_per_s") or {}) for c in cells)
+    if watched:
+        head += ["watch steps/s", "watch/plugin"]
     rows = []
-    for cell in release.get("cells") or []:
+    for cell in cells:
         plan = cell["plan"]
         rates = cell.get("steps_per_s") or {}
         mark = "*" if plan["deployment"] else ""
@@ -350,6 +382,11 @@ def render_table(release: dict[str, Any]) -> str:
                 _fmt(cell.get("plugin_over_none"), ".3f"),
             ]
         )
+        if watched:
+            rows[-1] += [
+                _fmt(rates.get("watch"), ".1f"),
+                _fmt(cell.get("watch_over_plugin"), ".3f"),
+            ]
     return "\n".join(common.table_lines(head, rows))
 
 
@@ -369,7 +406,8 @@ def render_targets(targets: list[dict[str, Any]]) -> str:
             parts.append(text)
         else:
             worst = t.get("worst")
-            extra = "" if worst is None else f" (worst plugin/no-fill {worst:.3f})"
+            label = t.get("worst_of", "plugin/no-fill")
+            extra = "" if worst is None else f" (worst {label} {worst:.3f})"
             parts.append(f"{t['target']}: {t['verdict']}{extra}")
     return "targets: " + "; ".join(parts)
 
@@ -545,13 +583,25 @@ def run_cell(
 
 
 def build_fills(
-    *, device: str, dp: int, bs: int, gamma: int | None, counts_mode: str
+    *,
+    device: str,
+    dp: int,
+    bs: int,
+    gamma: int | None,
+    counts_mode: str,
+    watch_group: Any = None,
 ) -> tuple[dict[str, Any], Callable[[int], None], dict[str, Any], Any]:
     """The real fills of the installed SGLang on a real proposer and real
     batches: ``{"stock": f, "plugin": f, "none": None}``, the per-step
     schedule callback, a description, and ``close()``, which the caller
     calls when done (it leaves the parallel override and puts the repair
-    back as it found it)."""
+    back as it found it).
+
+    With ``watch_group`` (a group of this rank and its peers, as
+    ``bench_common.WatchGroup``), also ``"watch"``: the plugin's fill
+    through the watch's real draft-batch hook, after its real worker-entry
+    hook and before the compact-verify site's calls (:func:`watched`), on
+    the watch's channel of that group."""
     import torch
 
     from sglang_dspark_dp import adapter
@@ -624,8 +674,14 @@ def build_fills(
             return fill
 
         fills = {"stock": make(stock), "plugin": make(plugin), "none": None}
-        for f in (fills["stock"], fills["plugin"]):  # first calls off the clock
-            for i in range(2 * k):
+        if watch_group is not None:
+            proposer.draft_model_runner.tp_group = watch_group
+            fills["watch"] = watched(proposer, pairs, plugin, watch_group)
+        # First calls off the clock (the watch's: its channel made).
+        for f in (fills["stock"], fills["plugin"], fills.get("watch")):
+            if f is None:
+                continue
+            for i in range(PREWARM_ROUNDS * k):
                 schedule(i)
                 f(i)
         if device == "cuda":
@@ -654,28 +710,142 @@ def build_fills(
     return fills, schedule, info, close
 
 
-def run_release(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
+#: Calls of each fill before the clock starts, per batch of the sequence.
+PREWARM_ROUNDS = 2
 
-    weights = parse_parts(args.parts)
-    plans = grid(args.gpu_ms, args.host_ms, weights, args.draft_share)
-    ops = CudaOps(torch)
+
+def watched(
+    proposer: Any, pairs: list[Any], plugin: Any, group: Any
+) -> Callable[[int], None]:
+    """Step ``i``'s calls with the watch on, as a server makes them on the
+    scheduler thread: the worker-entry site's hook around a step body, the
+    draft-batch site's hook around the plugin's fill, the compact-verify
+    site's notes (its planner is not run here)."""
+    from sglang_dspark_dp import watch
+
+    entry = common.site_hook("worker-entry")
+    draft = common.site_hook("draft-batch")
+    worker = common.EntryWorker(group)
+    k = len(pairs)
+
+    def fill(i: int) -> None:
+        fb, batch, _ = pairs[i % k]
+        entry(common.entry_body, worker, i)
+        draft(plugin, proposer, fb, batch)
+        channel = watch.channel(group)
+        if channel is not None:
+            common.note_verify_step(channel, i)
+
+    return fill
+
+
+def watch_calls(args: argparse.Namespace, cells: int, k: int) -> list[int]:
+    """The step indices the watched fill is called with, in order, in a run
+    of ``args`` over ``cells`` cells (``k`` batches): what the peer repeats."""
+    calls = list(range(PREWARM_ROUNDS * k))
+    for _ in range(cells * args.rounds):
+        calls += range(args.warmup + args.steps)
+    return calls
+
+
+def run_watch_peer(args: argparse.Namespace, port: int) -> list[str]:
+    """The watch's peer rank, on CPU: the same real fills and hooks, called
+    with the same steps as rank 0 calls its watched fill, so every decision
+    agrees; then it waits for rank 0 and compares the rest. Its alarms."""
+    import torch.distributed as dist
+
+    from sglang_dspark_dp import watch
+
+    pg = common.join_gloo(1, 2, port, args.child_timeout)
+    group = common.WatchGroup(pg, 2)
     fills, schedule, info, close = build_fills(
-        device="cuda",
+        device="cpu",
         dp=args.dp,
         bs=args.bs,
         gamma=args.gamma,
         counts_mode=args.counts,
+        watch_group=group,
+    )
+    try:
+        plans = grid(args.gpu_ms, args.host_ms, parse_parts(args.parts), 0.2)
+        k = len(info["counts"])
+        for i in watch_calls(args, len(plans), k)[PREWARM_ROUNDS * k :]:
+            schedule(i)
+            fills["watch"](i)
+    finally:
+        close()
+    dist.barrier(group=pg)  # rank 0's loop is done
+    return watch.shutdown()
+
+
+def _peer_main(args: argparse.Namespace, port: int, out: Any) -> None:
+    try:
+        alarms = run_watch_peer(args, port)
+    except Exception as exc:
+        alarms = [f"the peer rank failed: {type(exc).__name__}: {exc}"]
+    out.put(alarms)
+
+
+def _start_watch_peer(args: argparse.Namespace, port: int) -> tuple[Any, Any]:
+    """The peer rank, forked before this process starts CUDA (it has
+    SGLang imported already, and never touches the GPU)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_peer_main, args=(args, port, out), daemon=True)
+    proc.start()
+    return proc, out
+
+
+def _watch_env() -> dict[str, str]:
+    from sglang_dspark_dp import settings
+
+    return {settings.WATCH_MODE_ENV: "log"}
+
+
+def run_release(
+    args: argparse.Namespace,
+    *,
+    ops: Any = None,
+    device: str = "cuda",
+    wait: Callable[[float], None] = busy_wait,
+) -> dict[str, Any]:
+    """Every cell of the grid on this release (``ops``: the device side,
+    CUDA's unless given; a stand-in and ``device="cpu"`` run the same loop
+    and fills untimed, as the CPU tests do)."""
+    import torch
+
+    weights = parse_parts(args.parts)
+    plans = grid(args.gpu_ms, args.host_ms, weights, args.draft_share)
+    peer = group = None
+    if "watch" in args.modes:
+        # A mismatch fails the run (logged), it does not end a rank.
+        os.environ.update(_watch_env())
+        port = common.free_port()
+        peer = _start_watch_peer(args, port)
+        group = common.WatchGroup(common.join_gloo(0, 2, port, args.child_timeout), 2)
+    ops = CudaOps(torch) if ops is None else ops
+    cuda = isinstance(ops, CudaOps)
+    fills, schedule, info, close = build_fills(
+        device=device,
+        dp=args.dp,
+        bs=args.bs,
+        gamma=args.gamma,
+        counts_mode=args.counts,
+        watch_group=group,
     )
     result: dict[str, Any] = {
         "sglang": common.sglang_version(),
         "torch": torch.__version__,
         "python": sys.version.split()[0],
-        "device_name": torch.cuda.get_device_name(),
-        "cycles_per_ms": ops.cycles_per_ms,
+        "device_name": torch.cuda.get_device_name() if cuda else device,
+        "cycles_per_ms": ops.cycles_per_ms if cuda else None,
         "spin_check_ms": {
             f"{g:g}": ops.measure_spin(g) for g in sorted(set(args.gpu_ms))
-        },
+        }
+        if cuda
+        else {},
         "params": {
             "steps": args.steps,
             "warmup": args.warmup,
@@ -698,6 +868,7 @@ def run_release(args: argparse.Namespace) -> dict[str, Any]:
                 warmup=args.warmup,
                 rounds=args.rounds,
                 modes=args.modes,
+                wait=wait,
             )
             cells.append(cell)
             rates = cell["steps_per_s"]
@@ -712,7 +883,38 @@ def run_release(args: argparse.Namespace) -> dict[str, Any]:
         close()
     result["cells"] = cells
     result["targets"] = evaluate_targets(result)
+    if peer is not None:
+        result["watch"] = finish_watch(group, peer, args.child_timeout)
+        if result["watch"]["failed"]:
+            result["error"] = f"the watch failed: {result['watch']['failed']}"
     return result
+
+
+def finish_watch(group: Any, peer: tuple[Any, Any], timeout: float) -> dict:
+    """Rank 0's end of the watched run: meet the peer, compare the rest,
+    and what the watch saw (its decisions' counts, alarms, a stop)."""
+    import torch.distributed as dist
+
+    from sglang_dspark_dp import watch
+
+    channel = watch.channel(group)
+    dist.barrier(group=group.cpu_group)
+    alarms = watch.shutdown()
+    proc, out = peer
+    try:
+        peer_alarms = out.get(timeout=timeout)
+    except Exception:
+        peer_alarms = [f"the peer rank said nothing (exit {proc.exitcode})"]
+    proc.join(timeout=30)
+    stopped = channel.stopped if channel is not None else "no channel was made"
+    failed = alarms[:1] or peer_alarms[:1] or ([stopped] if stopped else [])
+    return {
+        "decisions": dict(channel.steps) if channel is not None else {},
+        "alarms": alarms,
+        "peer_alarms": peer_alarms,
+        "stopped": stopped,
+        "failed": failed[0] if failed else "",
+    }
 
 
 # --------------------------------------------------------------------------
@@ -830,23 +1032,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(DEFAULT_MODES),
+                   help="watch: the plugin with the consensus watch on (a CPU "
+                   "peer rank mirrors its decisions over gloo)")  # fmt: skip
     p.add_argument("--counts", choices=("steady", "churn"), default="steady",
                    help="same counts every step, or counts changing every step")  # fmt: skip
     p.add_argument("--dp", type=int, default=4)
     p.add_argument("--bs", type=int, default=8)
     p.add_argument("--gamma", type=int, default=None)
     p.add_argument("--out", default=None, help="write the JSON here")
+    p.add_argument("--child-timeout", type=float, default=3600)
     sub = p.add_subparsers(dest="command")
     c = sub.add_parser("compare", help="one child per SGLang, one table each")
     c.add_argument("--python", action="append", default=[], metavar="LABEL=PYTHON")
     c.add_argument("--site", action="append", default=[], metavar="LABEL=DIR")
-    c.add_argument("--child-timeout", type=float, default=3600)
     return p
 
 
 def cuda_refusal() -> str | None:
     """Why this machine cannot run the loop (one line), or None."""
+    # NVML's count, not CUDA's: asking leaves CUDA uninitialized here, so
+    # the watch mode's peer rank can still be forked (it never uses CUDA).
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     try:
         import torch
     except Exception as exc:

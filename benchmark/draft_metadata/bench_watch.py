@@ -56,14 +56,6 @@ GOAL_US = 20.0
 GOAL_RATIO = 0.99
 
 
-class _Group:
-    """What the watch reads of a group coordinator."""
-
-    def __init__(self, pg: Any, world: int) -> None:
-        self.cpu_group = pg
-        self.world_size = world
-
-
 def _work(us: float) -> None:
     """``us`` microseconds of pure-Python work (holds the GIL, as the
     scheduler's own Python does)."""
@@ -73,46 +65,13 @@ def _work(us: float) -> None:
         n += 1
 
 
-class _Runner:
-    def __init__(self, group: _Group) -> None:
-        self.tp_group = group
-
-
-class _Worker:
-    """What the worker-entry hook reads of a DSpark worker: its draft
-    runner's group and the step bodies it marks."""
-
-    _hosts_draft = True
-
-    def __init__(self, group: _Group) -> None:
-        self.draft_model_runner = _Runner(group)
-
-    def _forward_decode(self, batch: Any) -> Any:
-        return batch
-
-    def _forward_prefill(self, batch: Any) -> Any:
-        return batch
-
-
-def _entry_call(worker: _Worker, batch: Any) -> Any:
-    return worker._forward_decode(batch)
-
-
-def entry_hook() -> Any:
-    """The worker-entry site's AROUND hook, as the watch builds it here."""
-    from sglang_dspark_dp import watch_sites
-
-    (site,) = [s for s in watch_sites.SITES if s.name == "worker-entry"]
-    return site.build()[3]
-
-
 def _steps(
     steps: int,
     work_us: float,
     channel: Any,
     *,
     draft: bool = False,
-    entry: tuple[Any, _Worker] | None = None,
+    entry: tuple[Any, common.EntryWorker] | None = None,
 ) -> list[float]:
     from sglang_dspark_dp import watch
 
@@ -124,15 +83,11 @@ def _steps(
         if entry is not None:
             hook, worker = entry
             if channel is not None:
-                hook(_entry_call, worker, i)
+                hook(common.entry_body, worker, i)
             else:
-                _entry_call(worker, i)
+                common.entry_body(worker, i)
         if channel is not None:
-            step = channel.next_step("compact-verify budget")
-            changes = ("verify-budget-broadcast",)
-            channel.note(watch.Event("budget", step, 64, "budget=64", changes))
-            channel.note(watch.Event("entry", step, True, "entered", changes))
-            channel.note(watch.Event("tier", step, 48 + i % 3, "tier", changes))
+            common.note_verify_step(channel, i)
             if draft:
                 dstep = channel.next_step("draft DP sync sizes")
                 raw = tuple(4 + (i + r) % 5 for r in range(world))
@@ -158,14 +113,18 @@ def _rank_run(rank: int, world: int, port: int, args: dict) -> dict[str, Any]:
     from sglang_dspark_dp import watch
 
     pg = common.join_gloo(rank, world, port, args["timeout"])
-    group = _Group(pg, world)
+    group = common.WatchGroup(pg, world)
     rounds: list[dict[str, list[float]]] = []
     # One channel for the run, as a server makes one per group: its thread
     # idles through the off rounds (a wake-up every GATHER_S, no event).
     channel = watch.channel(group)
     if channel is None:
         raise RuntimeError("the watch made no channel for this group")
-    entry = (entry_hook(), _Worker(group)) if args["entry"] else None
+    entry = (
+        (common.site_hook("worker-entry"), common.EntryWorker(group))
+        if args["entry"]
+        else None
+    )
     for _ in range(args["rounds"]):
         row: dict[str, list[float]] = {}
         for variant in ("off", "on"):

@@ -14,6 +14,10 @@
 #                      server (default 3); results under /tmp/e2e, packed to $OUT
 #   fill:N             N back-to-back bench_fill.py compare runs (0.5.16 and
 #                      0.5.17, stock and plugin) into $OUT/fill-runK.json
+#   watchcost:N        N back-to-back bench_overlap.py compare runs on 0.5.17,
+#                      the deployment-like cells, plugin and watch modes (the
+#                      consensus watch's cost in steps/s) into
+#                      $OUT/watch-overlap-runK.json
 #   jitprobe:DIR       DIR (a cache folder, ~ for $HOME) moved aside, then a
 #                      plugin-off server to /health (run_e2e.sh's restart
 #                      part), then DIR put back: did DIR hold the JIT?
@@ -72,6 +76,15 @@ for step in "$@"; do
           --explain --out "$OUTDIR/fill-run$k.json" compare \
           --site "0.5.16=$s16" --site "0.5.17=$s17" --modes stock plugin \
           | tail -12 || status=1
+      done
+      ;;
+    watchcost:*)
+      n="${step#watchcost:}"
+      s17="$("$PY" scripts/device/unpack.py pythonpath 17)"
+      for k in $(seq "$n"); do
+        "$PY" benchmark/draft_metadata/bench_overlap.py --gpu-ms 10,20 --host-ms 0.3,1 \
+          --modes plugin watch --out "$OUTDIR/watch-overlap-run$k.json" \
+          compare --site "0.5.17=$s17" | tail -12 || status=1
       done
       ;;
     jitprobe:*)

@@ -240,12 +240,12 @@ def test_loop_without_fill_and_cell_rotation():
         steps=1,
         warmup=0,
         rounds=3,
-        modes=bo.MODES,
+        modes=bo.DEFAULT_MODES,
         wait=lambda ms: None,
     )
     # one fill per step; round r starts with mode r: stock, plugin, none, ...
     assert log == ["stock", "plugin", "plugin", "stock", "stock", "plugin"]
-    assert set(cell["rounds"]) == set(bo.MODES)
+    assert set(cell["rounds"]) == set(bo.DEFAULT_MODES)
     assert all(len(v) == 3 for v in cell["rounds"].values())
     assert cell["plan"]["gpu_ms"] == 2.0
 
@@ -266,7 +266,7 @@ def test_real_fills_on_cpu_through_the_loop():
             device="cpu", dp=4, bs=8, gamma=None, counts_mode=counts_mode
         )
         try:
-            assert set(fills) == set(bo.MODES) and fills["none"] is None
+            assert set(fills) == set(bo.DEFAULT_MODES) and fills["none"] is None
             assert info["plugin_fill"]
             assert len(info["counts"]) == (1 if counts_mode == "steady" else 2)
             plan = bo.step_plan(2.0, 0.05, bo.parse_parts(None), 0.2)
@@ -284,3 +284,73 @@ def test_real_fills_on_cpu_through_the_loop():
             close()
         # The repair is left as it was found.
         assert REPAIR.instrumented is was
+
+
+def _watched_release(churn_peer: bool, out) -> None:
+    """In a child process (it joins a gloo world): one release's grid on
+    CPU in plugin and watch modes, the loop untimed; what the watch saw."""
+    import json as _json
+
+    if churn_peer:  # the peer sees other counts from step 1: a divergence
+        peer = bo.run_watch_peer
+
+        def churned(args, port):
+            args.counts = "churn"  # the peer's own copy (a forked process)
+            return peer(args, port)
+
+        bo.run_watch_peer = churned
+    args = bo.build_parser().parse_args(
+        ["--gpu-ms", "2", "--host-ms", "0.05", "--steps", "5", "--warmup", "1"]
+        + ["--rounds", "2", "--modes", "plugin", "watch", "--child-timeout", "120"]
+    )
+    result = bo.run_release(
+        args, ops=RecordingOps([]), device="cpu", wait=lambda ms: None
+    )
+    out.put(_json.loads(_json.dumps(result, default=str)))
+
+
+def _run_watched(churn_peer: bool) -> dict:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_watched_release, args=(churn_peer, out))
+    proc.start()
+    try:
+        return out.get(timeout=240)
+    finally:
+        proc.join(timeout=30)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is None, reason="SGLang is not installed"
+)
+def test_the_watch_mode_runs_the_real_sites_against_a_peer_rank():
+    """``--modes ... watch``: a CPU peer rank repeats every watched call, so
+    each decision the real worker-entry and draft-batch hooks (and the
+    verify site's calls) hand the watch is compared and agrees: one per
+    watched step, the prewarm's included; the cell has the watch's rate."""
+    result = _run_watched(churn_peer=False)
+    assert "error" not in result, result.get("error")
+    watch = result["watch"]
+    assert watch["failed"] == "" and watch["alarms"] == [] == watch["peer_alarms"]
+    calls = bo.PREWARM_ROUNDS + 2 * (1 + 5)  # steady counts: one batch
+    assert watch["decisions"] == {
+        "worker step entry": calls,
+        "draft DP sync sizes": calls,
+        "compact-verify budget": calls,
+    }, watch
+    (cell,) = result["cells"]
+    assert set(cell["rounds"]) == {"plugin", "watch"}
+    assert cell["watch_over_plugin"] is not None
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is None, reason="SGLang is not installed"
+)
+def test_a_peer_that_sees_other_counts_fails_the_watched_run():
+    """The watch compares for real: a peer whose batches carry other counts
+    from step 1 makes the run an error naming the draft DP sync sizes."""
+    result = _run_watched(churn_peer=True)
+    assert "the watch failed" in result.get("error", ""), result.get("watch")
+    assert "draft DP sync sizes" in result["error"], result["error"]

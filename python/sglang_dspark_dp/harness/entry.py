@@ -62,9 +62,7 @@ class EntryConfig:
                 f"unrepaired must name ranks 0-{self.world - 1}, got {bad!r}"
             )
         if self.watch not in (None, "log", "exit"):
-            raise CannotRun(
-                f"watch must be None, 'log' or 'exit', got {self.watch!r}"
-            )
+            raise CannotRun(f"watch must be None, 'log' or 'exit', got {self.watch!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +125,9 @@ def _rank_run(
     owner, _, attr = STEP_GROUP_SOURCE.rpartition(".")
     setattr(worker, owner, type("DraftRunner", (), {attr: group})())
     for i in range(1 + cfg.decode_steps):
-        out = non_overlap_step(api, module, cls, worker_cls, prefill=i == 0, worker=worker)
+        out = non_overlap_step(
+            api, module, cls, worker_cls, prefill=i == 0, worker=worker
+        )
         steps.append(dataclasses.asdict(out))
     for ch in watch.channels():
         watched[",".join(map(str, ch.ranks))] = ch.steps.get(watch_sites.ENTRY, 0)
