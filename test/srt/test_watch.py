@@ -352,6 +352,9 @@ def test_verify_watch_names_each_defect_first_and_stays_silent_with_the_fix(
         assert capture, said
     if row["compact_verify"]:
         assert any("#31195 verify-budget-broadcast" in x for x in said), said
+    # The non-overlap entry on --dp ranks: refused alike, so no line of its own.
+    alike = "watch: silent: every rank's steps were refused alike (above)"
+    assert (alike in said) is bool(row["non_overlap"]), said
     fixed = cli(WATCH_VERIFY)
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr[-2000:]
     assert watch_said(fixed.stdout) == [], fixed.stdout
@@ -522,10 +525,7 @@ def test_a_rank_whose_call_is_refused_is_named_beside_the_peers_that_went_on(
     0, rank 2 reaching the body and rank 3 refused with the server's
     ``TypeError``, and #39262; ranks 0-1 are silent. Stock on every rank,
     every rank is refused alike: no line (the crash names itself)."""
-    from sglang_dspark_dp.srt.managers import scheduler as entry_repair
-
-    result = entry_repair.probe()
-    if result.reaches:
+    if not releases_row(sglang_version)["non_overlap"]:
         pytest.skip(f"sglang {sglang_version}: the non-overlap call reaches the worker")
     split = run_entry(fix=True, unrepaired=(3,), decode_steps=1)
     lines = split.alarms()
@@ -542,6 +542,50 @@ def test_a_rank_whose_call_is_refused_is_named_beside_the_peers_that_went_on(
     assert alike.alarms() == []
     for report in alike.reports.values():
         assert all(s["error"].startswith("TypeError") for s in report["steps"])
+
+
+def made_entry(steps: dict[int, list], alarms: dict[int, list]) -> entry.EntryResult:
+    return entry.EntryResult(
+        {
+            r: {
+                "steps": [
+                    {"reached": s, "error": None if s else "TypeError"} for s in st
+                ],
+                "error": "",
+                "alarms": alarms.get(r, []),
+                "watched": {},
+            }
+            for r, st in steps.items()
+        }
+    )
+
+
+def test_verify_reads_the_entry_watch_by_how_the_ranks_steps_went():
+    """``verify --watch``'s non-overlap phase: no line where every step of
+    every rank reached the worker; silent where all were refused alike; a
+    line naming the worker step entry where the ranks' steps went apart;
+    MISSED without one, FALSE ALARM with one where nothing parted."""
+    from sglang_dspark_dp.cli import verify
+
+    reached = {2: ["prefill", "decode"], 3: ["prefill", "decode"]}
+    refused = {2: [None, None], 3: [None, None]}
+    apart = {2: ["prefill", "decode"], 3: [None, None]}
+    line = (
+        f"sglang-dspark-dp: watch: ranks [2, 3] part ways on {verify.ENTRY} at step 0"
+    )
+    assert verify.entry_watch(made_entry(reached, {})) == (True, [])
+    ok, said = verify.entry_watch(made_entry(refused, {}))
+    assert ok and said == [
+        "watch: silent: every rank's steps were refused alike (above)"
+    ]
+    assert verify.entry_watch(made_entry(apart, {2: [line], 3: [line]})) == (
+        False,
+        [f"watch: named it first: {line}"],
+    )
+    ok, said = verify.entry_watch(made_entry(apart, {}))
+    assert not ok and said[0].startswith("watch: MISSED"), said
+    ok, said = verify.entry_watch(made_entry(reached, {2: [line]}))
+    assert not ok and said[0].startswith("watch: FALSE ALARM"), said
 
 
 # --------------------------------------------------------------------------

@@ -47,6 +47,11 @@ def test_the_rest_of_the_suite_is_the_release_session_s(mutants):
     assert "--ignore=test/benchmark" in args and "--ignore=test/e2e" in args
     assert "--ignore=test/srt/test_a.py" in args
     assert "--deselect=test/unit/test_b.py::test_c" in args
+    # The find-text check fails on any applied mutant: it never kills one.
+    assert f"--deselect={mutants.TEXT_TEST}" in args
+    assert mutants.TEXT_TEST.endswith(
+        test_every_mutant_still_finds_its_text_once.__name__
+    )
     bench = mutants.suite_args("0.5.17", listed)
     assert not any(a.startswith("--ignore=test/benchmark") for a in bench)
     assert not any(a.startswith("--ignore=test/e2e") for a in bench)

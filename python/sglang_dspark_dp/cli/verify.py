@@ -158,6 +158,7 @@ _VERIFY = (
 _DRAFT = tuple(
     f"the {d} decision" for d in (watch_sites.DRAFT_SIZES, watch_sites.DRAFT_ADMISSION)
 )
+ENTRY = f"the {watch_sites.ENTRY} decision"
 
 
 def startup_watch(result) -> tuple[bool, list[str]]:
@@ -264,12 +265,41 @@ def decode_watch(result) -> tuple[bool, list[str]]:
     return True, []
 
 
+def entry_watch(result) -> tuple[bool, list[str]]:
+    """What the watch said of the ranks' non-overlap steps: nothing where
+    every rank's steps reached the worker, silent where they were refused
+    alike (the crash is named above); where the ranks' steps went apart, a
+    line naming the worker step entry; anything else fails."""
+    reports = result.reports
+    errors = result.errors()
+    if errors:
+        rank = min(errors)
+        return False, [f"watch: rank {rank} failed: {errors[rank].splitlines()[-1]}"]
+    lines = result.alarms()
+    went = {r: tuple(s["reached"] for s in rep["steps"]) for r, rep in reports.items()}
+    alike = len(set(went.values())) == 1
+    if alike and not lines:
+        if all(all(v) for v in went.values()):
+            return True, []
+        return True, ["watch: silent: every rank's steps were refused alike (above)"]
+    if alike:
+        return False, [f"watch: FALSE ALARM: {lines[0]}"]
+    named = [line for line in lines if ENTRY in line]
+    if not named:
+        return False, ["watch: MISSED: the ranks' steps went apart, and no line"]
+    return False, [f"watch: named it first: {named[0]}"]
+
+
 def _non_overlap_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
     """One prefill and one decode step through the installed scheduler with
-    the overlap schedule off, to the DSpark worker; stock or repaired."""
+    the overlap schedule off, to the DSpark worker; stock or repaired. With
+    ``--watch``, on ``--dp`` ranks (gloo, two TP groups where they split
+    evenly), the watch on."""
     from sglang_dspark_dp.outcome import DidNotEnable
     from sglang_dspark_dp.srt.managers import scheduler as entry
 
+    if args.watch:
+        return _non_overlap_ranks(args)
     repair = entry.REPAIR
     if args.no_fix:
         repair.uninstrument()
@@ -289,6 +319,45 @@ def _non_overlap_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
         "non-overlap: with --disable-overlap-schedule every step crashes: "
         f"{result.describe()} ({how}; SGLang #39262)"
     ]
+
+
+def _non_overlap_ranks(args: argparse.Namespace) -> tuple[int, list[str]]:
+    from sglang_dspark_dp.harness import entry
+
+    world = min(args.dp, entry.MAX_WORLD)
+    groups = 2 if world >= 4 and world % 2 == 0 else 1
+    try:
+        result = entry.run_entry(
+            entry.EntryConfig(
+                tp=world // groups,
+                groups=groups,
+                decode_steps=1,
+                fix=not args.no_fix,
+                watch=_WATCH_MODE,
+                timeout_s=args.timeout,
+            )
+        )
+    except entry.CannotRun as exc:
+        return EXIT_CANNOT, [f"non-overlap: cannot run: {exc}"]
+    how = "stock SGLang" if args.no_fix else "plugin on"
+    steps = [s for rep in result.reports.values() for s in rep["steps"]]
+    refused = sorted({s["error"] for s in steps if s["error"]})
+    if steps and not refused and all(s["reached"] for s in steps):
+        line = (
+            f"non-overlap: {world} ranks, with --disable-overlap-schedule, prefill "
+            f"and decode steps reach DSparkWorkerV2.forward_batch_generation ({how})"
+        )
+        status = EXIT_OK
+    else:
+        line = (
+            f"non-overlap: {world} ranks, with --disable-overlap-schedule every step "
+            f"crashes: {'; '.join(refused) or 'no step ran'} ({how}; SGLang #39262)"
+        )
+        status = EXIT_FAIL
+    ok, said = entry_watch(result)
+    if not ok:
+        status = EXIT_FAIL
+    return status, [line, *(f"  {x}" for x in said)]
 
 
 def _compact_verify_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
