@@ -559,7 +559,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     common.add_flag(
         v,
         "--watch",
-        "run every simulated world (startup, compact verify, the decode steps) "
+        "run every simulated world (startup, the non-overlap entry on --dp "
+        "ranks, compact verify, the decode steps) "
         "with the consensus watch on (log mode): each divergence must be named "
         "first by the watch's line, and where the ranks agree the watch must "
         "stay silent",
