@@ -727,14 +727,19 @@ def watched(
     draft = common.site_hook("draft-batch")
     worker = common.EntryWorker(group)
     k = len(pairs)
+    # The group's channel, looked up once (the hooks make it at their first
+    # call; the lookup takes the watch's lock): the verify site's planner
+    # keeps its group's channel too.
+    found: list[Any] = []
 
     def fill(i: int) -> None:
         fb, batch, _ = pairs[i % k]
         entry(common.entry_body, worker, i)
         draft(plugin, proposer, fb, batch)
-        channel = watch.channel(group)
-        if channel is not None:
-            common.note_verify_step(channel, i)
+        if not found:
+            found.append(watch.channel(group))
+        if found[0] is not None:
+            common.note_verify_step(found[0], i)
 
     return fill
 

@@ -321,11 +321,18 @@ def _non_overlap_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
     ]
 
 
+def _side_by_side(dp: int, max_world: int) -> tuple[int, int]:
+    """``(world, groups)``: ``dp`` ranks (at most ``max_world``) as two TP
+    groups side by side where they split evenly (the second group's first
+    rank is not rank 0), else one group."""
+    world = min(dp, max_world)
+    return world, 2 if world >= 4 and world % 2 == 0 else 1
+
+
 def _non_overlap_ranks(args: argparse.Namespace) -> tuple[int, list[str]]:
     from sglang_dspark_dp.harness import entry
 
-    world = min(args.dp, entry.MAX_WORLD)
-    groups = 2 if world >= 4 and world % 2 == 0 else 1
+    world, groups = _side_by_side(args.dp, entry.MAX_WORLD)
     try:
         result = entry.run_entry(
             entry.EntryConfig(
@@ -367,10 +374,7 @@ def _compact_verify_phase(args: argparse.Namespace) -> tuple[int, list[str]]:
     or repaired."""
     from sglang_dspark_dp.harness import compact_verify
 
-    # --dp ranks as two TP groups side by side where they split evenly (the
-    # second group's first rank is not rank 0), else one group.
-    world = min(args.dp, compact_verify.MAX_WORLD)
-    groups = 2 if world >= 4 and world % 2 == 0 else 1
+    world, groups = _side_by_side(args.dp, compact_verify.MAX_WORLD)
     try:
         results = compact_verify.run_scenarios(
             fix=not args.no_fix,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
+from types import SimpleNamespace
 from typing import Any
 
 from sglang_dspark_dp.harness import groups, world
@@ -123,7 +124,7 @@ def _rank_run(
     _, worker_cls = adapter.load_worker()
     worker = StandInWorker()
     owner, _, attr = STEP_GROUP_SOURCE.rpartition(".")
-    setattr(worker, owner, type("DraftRunner", (), {attr: group})())
+    setattr(worker, owner, SimpleNamespace(**{attr: group}))
     for i in range(1 + cfg.decode_steps):
         out = non_overlap_step(
             api, module, cls, worker_cls, prefill=i == 0, worker=worker
